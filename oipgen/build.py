@@ -1,0 +1,118 @@
+"""One build: spec -> API model -> targets -> tree (+ manifest). Pure: nothing is written here."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .api import is_safe_identifier
+from .output import MANIFEST, Tree, manifest_bytes
+
+# Tools whose output lands in the tree byte for byte: a change of version may change the output.
+TOOLS = ("datamodel-code-generator", "grpcio-tools")
+
+# What the generated package imports at run time, with the ranges it is tested against.
+RUNTIME_REQUIREMENTS = (
+    "numpy>=1.26,<3",
+    "ml-dtypes>=0.4,<0.6",
+    "pydantic>=2.7,<3",
+    "protobuf>=6.31.1,<8",
+    "grpcio>=1.76.0,<2",
+)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    spec: Path
+    out: Path
+    package: str
+    targets: tuple[str, ...]
+    templates: Path | None = None
+
+    @property
+    def package_dir(self) -> Path:
+        return self.out / self.package
+
+
+class OptionsError(ValueError):
+    pass
+
+
+def validate(opts: BuildOptions) -> None:
+    from .targets import PUBLIC
+
+    if not all(is_safe_identifier(part) for part in opts.package.split(".")) or "." in opts.package:
+        raise OptionsError(f"--package {opts.package!r} is not a safe Python package name")
+    for t in opts.targets:
+        if t != "all" and t not in PUBLIC:
+            raise OptionsError(f"unknown target {t!r}; choose from {', '.join((*PUBLIC, 'all'))}")
+    if opts.templates is not None and not opts.templates.is_dir():
+        raise OptionsError(f"--templates {opts.templates}: no such directory")
+
+
+def tool_versions() -> dict[str, str]:
+    out = {}
+    for tool in TOOLS:
+        try:
+            out[tool] = importlib.metadata.version(tool)
+        except importlib.metadata.PackageNotFoundError:
+            out[tool] = "missing"
+    return out
+
+
+def _hash_tree(total: hashlib._Hash, label: str, root: Path) -> None:
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        total.update(f"{label}/{f.relative_to(root).as_posix()}\0".encode())
+        total.update(hashlib.sha256(f.read_bytes()).digest())
+
+
+def inputs_hash(opts: BuildOptions) -> str:
+    """A hash of everything the output depends on: spec inputs, templates, options and tool versions."""
+    from .load import hash_files, spec_inputs
+    from .render import template_dirs
+    from .targets import resolve
+
+    total = hashlib.sha256()
+    total.update(f"oipgen {__version__}\n".encode())
+    total.update(f"package {opts.package}\ntargets {','.join(resolve(list(opts.targets)))}\n".encode())
+    for tool, version in sorted(tool_versions().items()):
+        total.update(f"{tool} {version}\n".encode())
+    _, spec_hash = hash_files(opts.spec, spec_inputs(opts.spec)) if opts.spec.is_dir() else ([], "none")
+    total.update(f"spec {spec_hash}\n".encode())
+    for i, d in enumerate(template_dirs(opts.templates)):
+        _hash_tree(total, f"templates{i}", d)
+    return total.hexdigest()
+
+
+def build_tree(opts: BuildOptions) -> Tree:
+    """Load the spec and render every requested target into memory, manifest included."""
+    from .load import load_spec
+    from .render import Renderer, header_lines
+    from .targets import Context, build, resolve
+
+    api = load_spec(opts.spec)
+    header = header_lines(api.spec_hash)
+    renderer = Renderer(
+        opts.templates, {"api": api, "package": opts.package, "header": header, "oipgen_version": __version__}
+    )
+    ctx = Context(api=api, package=opts.package, renderer=renderer, header=header)
+    tree = Tree()
+    targets = resolve(list(opts.targets))
+    for name in targets:
+        build(name, ctx, tree)
+    meta = {
+        "@generated": f"by oipgen {__version__}. DO NOT EDIT.",
+        "oipgen": __version__,
+        "package": opts.package,
+        "targets": [t for t in targets if t != "package"],
+        "spec_sha256": api.spec_hash,
+        "spec_files": {f.path: f.sha256 for f in api.files},
+        "inputs_sha256": inputs_hash(opts),
+        "tools": tool_versions(),
+        "runtime_requirements": list(RUNTIME_REQUIREMENTS),
+    }
+    tree.add(MANIFEST, manifest_bytes(meta, tree))
+    return tree

@@ -1,0 +1,136 @@
+"""The `oipgen` command line. Defaults come from `[tool.oipgen]` in ./pyproject.toml; flags override them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+EXIT_STALE = 1
+EXIT_SPEC = 2
+
+
+def _config(cwd: Path) -> tuple[dict[str, Any], Path]:
+    pyproject = cwd / "pyproject.toml"
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}, cwd
+    section = data.get("tool", {}).get("oipgen", {})
+    return (section if isinstance(section, dict) else {}), cwd
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oipgen", description="Compile the Open Inference Protocol spec into Python.")
+    p.add_argument("--version", action="version", version=f"oipgen {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="generate the package (or, with --check, verify it is current)")
+    b.add_argument("--target", action="append", metavar="NAME",
+                   help="models | grpc | all (repeatable; default: [tool.oipgen] targets, else all)")
+    b.add_argument("--spec", type=Path, help="spec directory (default: spec)")
+    b.add_argument("--out", type=Path, help="output directory (default: generated)")
+    b.add_argument("--package", help="name of the generated package (default: oip)")
+    b.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
+    b.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 with a diff summary if the output on disk is stale or has extra files")
+    b.add_argument("-q", "--quiet", action="store_true", help="print only problems")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "build":
+        return _build(args)
+    return 2
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .build import BuildOptions, OptionsError, validate
+    from .output import is_current
+
+    started = time.perf_counter()
+    config, root = _config(Path.cwd())
+
+    def path_option(value: Path | None, key: str, default: str) -> Path:
+        return value if value is not None else root / str(config.get(key, default))
+
+    targets = args.target or config.get("targets") or ["all"]
+    if isinstance(targets, str):
+        targets = [targets]
+    templates = args.templates if args.templates is not None else (
+        root / str(config["templates"]) if config.get("templates") else None)
+    opts = BuildOptions(
+        spec=path_option(args.spec, "spec", "spec"),
+        out=path_option(args.out, "out", "generated"),
+        package=args.package or str(config.get("package", "oip")),
+        targets=tuple(t for item in targets for t in str(item).split(",") if t),
+        templates=templates,
+    )
+    try:
+        validate(opts)
+    except OptionsError as e:
+        print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_SPEC
+
+    if args.check:
+        from .build import inputs_hash
+
+        if is_current(opts.package_dir, inputs_hash(opts)):
+            if not args.quiet:
+                print(f"oipgen: {opts.package_dir} is up to date ({time.perf_counter() - started:.2f}s)")
+            return 0
+
+    tree = _tree_or_report(opts)
+    if tree is None:
+        return EXIT_SPEC
+
+    if args.check:
+        from .output import diff
+
+        d = diff(opts.package_dir, tree)
+        if d.clean:
+            if not args.quiet:
+                print(f"oipgen: {opts.package_dir} is up to date ({time.perf_counter() - started:.2f}s)")
+            return 0
+        print(f"oipgen: {opts.package_dir} is not what the spec generates. Rebuild it with `oipgen build` "
+              f"(in this repository: make goldens).", file=sys.stderr)
+        print(d.summary(), file=sys.stderr)
+        return EXIT_STALE
+
+    from .output import write
+
+    actions = write(opts.package_dir, tree)
+    if not args.quiet:
+        for action, rel in actions:
+            print(f"  {action:8} {opts.package_dir / rel}")
+        print(
+            f"oipgen {__version__}: {opts.package_dir}: {len(tree.files)} files, {len(actions)} written, "
+            f"{len(tree.files) - sum(a != 'removed' for a, _ in actions)} unchanged "
+            f"({time.perf_counter() - started:.2f}s)"
+        )
+    return 0
+
+
+def _tree_or_report(opts: Any) -> Any:
+    from .build import build_tree
+    from .problems import SpecError
+
+    try:
+        return build_tree(opts)
+    except SpecError as e:
+        print(f"oipgen: the spec in {opts.spec} has {len(e.problems)} problem(s):", file=sys.stderr)
+        for p in e.problems:
+            print(f"  {p}", file=sys.stderr)
+        return None
+    except Exception as e:  # a generator failing on input that passed the checks: say so without a traceback
+        if os.environ.get("OIPGEN_DEBUG"):
+            raise
+        print(f"oipgen: generation failed: {type(e).__name__}: {e} (set OIPGEN_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return None

@@ -1,0 +1,153 @@
+"""The generated tree: its manifest, writing it without touching anything else, and checking it is current.
+
+This module imports nothing heavy, so that `oipgen build --check` on an up-to-date tree answers in about the
+time the interpreter takes to start: it compares the manifest's input hash and file hashes, and only when they
+disagree does the caller rebuild in memory for a real diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "_oipgen_manifest.json"
+_IGNORED_DIRS = {"__pycache__", ".mypy_cache", ".pytest_cache"}
+_IGNORED_SUFFIXES = {".pyc", ".pyo"}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Tree:
+    """Files of one generated package, by path relative to the package directory."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def add(self, path: str, content: str | bytes) -> None:
+        if path in self.files:
+            raise ValueError(f"two targets write {path}")
+        self.files[path] = content.encode("utf-8") if isinstance(content, str) else content
+
+
+def manifest_bytes(meta: dict[str, Any], tree: Tree) -> bytes:
+    doc = {**meta, "files": {p: sha256(tree.files[p]) for p in sorted(tree.files)}}
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def read_manifest(package_dir: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads((package_dir / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def files_on_disk(package_dir: Path) -> list[str]:
+    if not package_dir.is_dir():
+        return []
+    out = []
+    for p in package_dir.rglob("*"):
+        rel = p.relative_to(package_dir)
+        if p.is_dir() or _IGNORED_DIRS & set(rel.parts) or p.suffix in _IGNORED_SUFFIXES:
+            continue
+        out.append(rel.as_posix())
+    return sorted(out)
+
+
+def is_current(package_dir: Path, inputs_hash: str) -> bool:
+    """True when the manifest was made from these inputs and every file on disk is exactly what it lists."""
+    manifest = read_manifest(package_dir)
+    if manifest is None or manifest.get("inputs_sha256") != inputs_hash:
+        return False
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        return False
+    if files_on_disk(package_dir) != sorted([*listed, MANIFEST]):
+        return False
+    for rel, digest in listed.items():
+        try:
+            if sha256((package_dir / rel).read_bytes()) != digest:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Diff:
+    changed: list[str]
+    missing: list[str]
+    extra: list[str]
+    details: list[str]
+
+    @property
+    def clean(self) -> bool:
+        return not (self.changed or self.missing or self.extra)
+
+    def summary(self, limit: int = 40) -> str:
+        lines = [f"changed: {p}" for p in self.changed]
+        lines += [f"missing: {p}" for p in self.missing]
+        lines += [f"extra (not generated): {p}" for p in self.extra]
+        body = self.details[:limit]
+        if len(self.details) > limit:
+            body.append(f"... {len(self.details) - limit} more diff lines")
+        return "\n".join(lines + ([""] + body if body else []))
+
+
+def diff(package_dir: Path, tree: Tree) -> Diff:
+    on_disk = set(files_on_disk(package_dir))
+    changed, missing, details = [], [], []
+    for rel in sorted(tree.files):
+        want = tree.files[rel]
+        if rel not in on_disk:
+            missing.append(rel)
+            continue
+        have = (package_dir / rel).read_bytes()
+        if have != want:
+            changed.append(rel)
+            if len(details) < 200:
+                details += list(
+                    difflib.unified_diff(
+                        have.decode("utf-8", "replace").splitlines(),
+                        want.decode("utf-8", "replace").splitlines(),
+                        f"{rel} (on disk)",
+                        f"{rel} (from spec)",
+                        n=1,
+                        lineterm="",
+                    )
+                )[:60]
+    extra = sorted(on_disk - set(tree.files))
+    return Diff(changed, missing, extra, details)
+
+
+def write(package_dir: Path, tree: Tree) -> list[tuple[str, str]]:
+    """Write the tree; return (action, path) for each file touched.
+
+    Unchanged files are left alone (their mtimes too); files the previous manifest listed that are no longer
+    generated are removed; nothing else in the directory is ever deleted.
+    """
+    old = read_manifest(package_dir) or {}
+    previous = set((old.get("files") or {}).keys()) if isinstance(old.get("files"), dict) else set()
+    actions: list[tuple[str, str]] = []
+    for rel in sorted(tree.files):
+        target = package_dir / rel
+        data = tree.files[rel]
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        actions.append(("updated" if target.exists() else "created", rel))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".oipgen-tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    for rel in sorted(previous - set(tree.files)):
+        target = package_dir / rel
+        if target.is_file():
+            target.unlink()
+            actions.append(("removed", rel))
+    return actions

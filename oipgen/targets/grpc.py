@@ -1,0 +1,61 @@
+"""Target `grpc`: protobuf messages, typed stubs and the gRPC service, from grpcio-tools' protoc.
+
+protoc reads the descriptor set held by the API model (not the .proto files again). Its output is adjusted in
+two exact ways so the package can be vendored under any name and imported beside other copies of
+`package inference` (tritonclient, MLServer, KServe):
+- imports of sibling generated modules become relative;
+- descriptors go into the package's own descriptor pool (`grpc/_pool.py`) rather than protobuf's default pool,
+  where another copy of the same proto would collide. Full names and RPC paths on the wire are unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+from ..load_proto import run_protoc
+from ..output import Tree
+from . import Context
+
+_DEFAULT_POOL = "_descriptor_pool.Default().AddSerializedFile("
+
+
+def module_names(ctx: Context) -> list[str]:
+    return [f.removesuffix(".proto").replace("/", ".") for f in ctx.api.proto_files]
+
+
+def build(ctx: Context, tree: Tree) -> None:
+    modules = module_names(ctx)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        descriptor_set = out / "spec.pb"
+        descriptor_set.write_bytes(ctx.api.descriptor_set)
+        rc, err = run_protoc(
+            [f"--descriptor_set_in={descriptor_set}", f"--python_out={out}", f"--pyi_out={out}",
+             f"--grpc_python_out={out}", *ctx.api.proto_files]
+        )
+        if rc != 0:
+            raise RuntimeError(f"protoc failed: {err.strip()}")
+        produced = {
+            p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
+            for p in sorted(out.rglob("*.py*"))
+        }
+    sibling = re.compile(rf"^import ({'|'.join(re.escape(m + '_pb2') for m in modules)}) as (\w+)$", re.M)
+    for rel, text in produced.items():
+        if rel.endswith("_pb2_grpc.py") and rel != f"{ctx.api.service_module}_pb2_grpc.py":
+            continue  # protoc writes one for every file, even those without a service
+        text = sibling.sub(r"from . import \1 as \2", text)
+        if rel.endswith("_pb2.py"):
+            if text.count(_DEFAULT_POOL) != 1:
+                raise RuntimeError(f"unexpected protoc output in {rel}: cannot place it in the private pool")
+            text = text.replace(_DEFAULT_POOL, "_pool.POOL.AddSerializedFile(")
+            text = text.replace(
+                "from google.protobuf import descriptor_pool as _descriptor_pool\n",
+                "from . import _pool\n",
+            )
+        tree.add(f"grpc/{rel}", f"{ctx.header}\n{text.rstrip()}\n")
+    tree.add("grpc/_pool.py", ctx.renderer.render("grpc/_pool.py.jinja"))
+    tree.add("grpc/__init__.py", ctx.renderer.render("grpc/__init__.py.jinja", modules=modules))
+    # grpcio-tools types the messages only; the service's stub is rendered from the API model.
+    tree.add(f"grpc/{ctx.api.service_module}_pb2_grpc.pyi", ctx.renderer.render("grpc/service_pb2_grpc.pyi.jinja"))

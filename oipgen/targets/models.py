@@ -1,0 +1,50 @@
+"""Target `models`: pydantic v2 models of every REST body, the datatype table and the numpy codecs.
+
+The models come from datamodel-code-generator with pinned options (below): type aliases keep tensor `data` a
+recursive union and parameter maps plain dicts of scalars, with `extra="allow"` so no parameter is dropped; every
+class derives from `OipModel`, whose dumps leave out None fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..output import Tree
+from . import Context
+
+# datamodel-code-generator writes the base class import from an absolute path; this placeholder module is
+# rewritten to the package's own `_base` so the package stays relocatable.
+_BASE_PLACEHOLDER = "oipgen_base_placeholder"
+
+DCG_OPTIONS: dict[str, Any] = {
+    "use_annotated": True,
+    "field_constraints": True,
+    "use_standard_collections": True,
+    "use_union_operator": True,
+    "use_type_alias": True,
+    "disable_timestamp": True,
+    "formatters": ["builtin"],
+    "base_class": f"{_BASE_PLACEHOLDER}.OipModel",
+}
+
+
+def build(ctx: Context, tree: Tree) -> None:
+    from datamodel_code_generator import DataModelType, InputFileType, PythonVersion, generate
+
+    code = generate(
+        ctx.api.openapi,
+        input_file_type=InputFileType.OpenAPI,
+        output_model_type=DataModelType.PydanticV2BaseModel,
+        target_python_version=PythonVersion.PY_311,
+        custom_file_header=ctx.header + '\n"""Pydantic models of the REST bodies of the protocol."""',
+        **DCG_OPTIONS,
+    )
+    if not isinstance(code, str):
+        raise RuntimeError("datamodel-code-generator returned several modules; expected one")
+    placeholder = f"from {_BASE_PLACEHOLDER} import OipModel"
+    if code.count(placeholder) != 1:
+        raise RuntimeError("datamodel-code-generator output has no base-class import to relocate")
+    tree.add("models.py", code.replace(placeholder, "from ._base import OipModel"))
+    tree.add("_base.py", ctx.renderer.render("_base.py.jinja"))
+    tree.add("datatypes.py", ctx.renderer.render("datatypes.py.jinja"))
+    tree.add("codec.py", ctx.renderer.render("codec.py.jinja"))
