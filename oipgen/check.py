@@ -136,6 +136,8 @@ class _Checker:
                 continue
             covered.add(field.name)
             self.field_vs_property(field, prop.schema, f"{where}/properties/{prop.name}")
+            if "x-oip-raw" in prop.schema:
+                self.raw_field(message, field, str(prop.schema["x-oip-raw"]), schema, f"{where}/properties/{prop.name}")
         path = self.path_fields(schema)
         for f in message.fields:
             if f.name not in covered and f.name not in schema.grpc_only and f.name not in path:
@@ -144,6 +146,16 @@ class _Checker:
         for name in schema.grpc_only:
             if message.field(name) is None:
                 self.rest(where, f"x-oip-grpc-only names {name!r}, which is not a field of {message.full_name}")
+
+    def raw_field(self, message: Message, tensors: Field, raw: str, schema: Schema, where: str) -> None:
+        field = message.field(raw)
+        if field is None or field.kind != "bytes" or not field.repeated:
+            self.rest(where, f"x-oip-raw names {raw!r}, which is not a repeated bytes field of {message.full_name}")
+        elif raw not in schema.grpc_only:
+            self.rest(where, f"x-oip-raw field {raw!r} must also be listed in the schema's x-oip-grpc-only")
+        tensor = self.messages.get(tensors.type_name or "")
+        if not tensors.repeated or tensor is None or tensor.field("contents") is None:
+            self.rest(where, "x-oip-raw belongs on a list of tensors (messages with `contents`)")
 
     def unwrapped(self, schema: Schema, message: Message, where: str) -> None:
         field = message.field(schema.unwrap or "")

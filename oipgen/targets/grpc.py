@@ -1,4 +1,5 @@
-"""Target `grpc`: protobuf messages, typed stubs and the gRPC service, from grpcio-tools' protoc.
+"""Target `grpc`: protobuf messages, typed stubs and the gRPC service from grpcio-tools' protoc, and `convert`
+(REST bodies and models to protobuf messages and back).
 
 protoc reads the descriptor set held by the API model (not the .proto files again). Its output is adjusted in
 two exact ways so the package can be vendored under any name and imported beside other copies of
@@ -14,6 +15,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from ..bindings import all_param_cases, bindings
 from ..load_proto import run_protoc
 from ..output import Tree
 from . import Context
@@ -59,3 +61,9 @@ def build(ctx: Context, tree: Tree) -> None:
     tree.add("grpc/__init__.py", ctx.renderer.render("grpc/__init__.py.jinja", modules=modules))
     # grpcio-tools types the messages only; the service's stub is rendered from the API model.
     tree.add(f"grpc/{ctx.api.service_module}_pb2_grpc.pyi", ctx.renderer.render("grpc/service_pb2_grpc.pyi.jinja"))
+    tree.add(
+        "convert.py",
+        ctx.renderer.render(
+            "convert.py.jinja", bindings=bindings(ctx.api), param_cases=all_param_cases(ctx.api), modules=modules
+        ),
+    )
