@@ -86,7 +86,7 @@ def param_cases(api: Api, message: str) -> ParamCases:
     m = api.message(message)
     by_kind = {"bool": "bool", "string": "str", "bytes": "bytes", "double": "float", "float": "float",
                "uint64": "uint", "uint32": "uint"}
-    cases = []
+    cases: list[tuple[str, str]] = []
     for f in m.fields:
         kind = by_kind.get(f.kind) or ("int" if f.kind in INTEGER_KINDS else None)
         if kind is not None and kind not in {k for k, _ in cases}:
@@ -108,7 +108,7 @@ def bind(api: Api, schema: Schema) -> Binding | None:
         field = message.field(schema.unwrap)
         assert field is not None
         if field.is_map:
-            kind, item = "message_map", _ref((schema.raw.get("items") or {}))
+            kind, item = "message_map", _ref(schema.raw.get("items") or {})
         elif field.repeated:
             kind, item = "messages", _ref(schema.raw.get("items") or {})
         else:

@@ -221,9 +221,9 @@ class _Checker:
             elif s.message != field.type_name and s.map_value is None:
                 self.rest(where, f"{field.name!r} is a {field.type_name}, but {target} is tied to {s.message!r}")
             return
-        if _ref(node) is not None:
-            target = self.schemas.get(_ref(node) or "")
-            node = target.raw if target else {}
+        referenced = self.schemas.get(_ref(node) or "")
+        if referenced is not None:
+            node = referenced.raw
         allowed = _JSON_TYPES.get(field.kind, set())
         found = _types(node)
         if found and not found & allowed:

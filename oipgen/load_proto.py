@@ -123,83 +123,86 @@ def _comments(file: descriptor_pb2.FileDescriptorProto) -> dict[tuple[int, ...],
     return docs
 
 
+class _FileWalker:
+    """Turns one file's descriptors into API-model messages and enums."""
+
+    def __init__(self, spec_dir: Path, file: descriptor_pb2.FileDescriptorProto, package: str,
+                 map_entries: dict[str, tuple[descriptor_pb2.FieldDescriptorProto,
+                                              descriptor_pb2.FieldDescriptorProto]],
+                 problems: Problems) -> None:
+        self.path = str(spec_dir / file.name)
+        self.package = package
+        self.module = file.name.removesuffix(".proto").replace("/", ".")
+        self.docs = _comments(file)
+        self.map_entries = map_entries
+        self.problems = problems
+        self.messages: list[Message] = []
+        self.enums: list[Enum] = []
+
+    def enum(self, e: descriptor_pb2.EnumDescriptorProto, prefix: str, path: tuple[int, ...]) -> None:
+        py_path = f"{prefix}{e.name}"
+        values = tuple((v.name, v.number) for v in e.value)
+        self.enums.append(Enum(f"{self.package}.{py_path}", py_path, self.module, values, self.docs.get(path, "")))
+
+    def message(self, m: descriptor_pb2.DescriptorProto, prefix: str, path: tuple[int, ...]) -> None:
+        if m.options.map_entry:
+            return
+        py_path = f"{prefix}{m.name}"
+        full = f"{self.package}.{py_path}"
+        oneofs = [o.name for o in m.oneof_decl]
+        used_oneofs: set[str] = set()
+        fields: list[Field] = []
+        for i, f in enumerate(m.field):
+            type_name = f.type_name.lstrip(".") or None
+            kind = _KINDS.get(f.type, "")
+            if not kind:
+                self.problems.add(self.path, full, f"field {f.name!r} has an unsupported type")
+                continue
+            map_key = None
+            if type_name in self.map_entries:
+                key, value = self.map_entries[type_name]
+                map_key = _KINDS[key.type]
+                kind = _KINDS[value.type]
+                type_name = value.type_name.lstrip(".") or None
+            oneof = None
+            if f.HasField("oneof_index") and not f.proto3_optional:  # proto3 `optional` is a synthetic oneof
+                oneof = oneofs[f.oneof_index]
+                used_oneofs.add(oneof)
+            repeated = f.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED and map_key is None
+            fields.append(Field(f.name, f.number, kind, type_name, repeated, map_key, oneof, f.json_name,
+                                self.docs.get((*path, _MESSAGE_FIELDS, i), "")))
+        real_oneofs = tuple(o for o in oneofs if o in used_oneofs)
+        self.messages.append(Message(full, py_path, self.module, tuple(fields), real_oneofs, self.docs.get(path, "")))
+        for j, nested in enumerate(m.nested_type):
+            self.message(nested, f"{py_path}.", (*path, _MESSAGE_NESTED, j))
+        for j, e in enumerate(m.enum_type):
+            self.enum(e, f"{py_path}.", (*path, _MESSAGE_ENUMS, j))
+
+
 def _walk(
     spec_dir: Path,
     files: list[descriptor_pb2.FileDescriptorProto],
     fds: descriptor_pb2.FileDescriptorSet,
     problems: Problems,
 ) -> ProtoSet | None:
-    messages: list[Message] = []
-    enums: list[Enum] = []
-    rpcs: list[Rpc] = []
-    services: list[tuple[str, str]] = []
     packages = {f.package for f in files}
     if len(packages) != 1:
         problems.add(str(spec_dir), "", f"all .proto files must share one package, found {sorted(packages)}")
         return None
     package = packages.pop()
     map_entries = _map_entries(fds)
-
+    messages: list[Message] = []
+    enums: list[Enum] = []
+    rpcs: list[Rpc] = []
+    services: list[tuple[str, str]] = []
     for file in files:
-        docs = _comments(file)
-        module = file.name.removesuffix(".proto").replace("/", ".")
-
-        def walk_enum(e: descriptor_pb2.EnumDescriptorProto, prefix: str, path: tuple[int, ...]) -> None:
-            py_path = f"{prefix}{e.name}"
-            enums.append(
-                Enum(f"{package}.{py_path}", py_path, module, tuple((v.name, v.number) for v in e.value),
-                     docs.get(path, ""))
-            )
-
-        def walk_message(m: descriptor_pb2.DescriptorProto, prefix: str, path: tuple[int, ...]) -> None:
-            if m.options.map_entry:
-                return
-            py_path = f"{prefix}{m.name}"
-            full = f"{package}.{py_path}"
-            oneofs = [o.name for o in m.oneof_decl]
-            fields: list[Field] = []
-            for i, f in enumerate(m.field):
-                type_name = f.type_name.lstrip(".") or None
-                kind = _KINDS.get(f.type, "")
-                if not kind:
-                    problems.add(str(spec_dir / file.name), full, f"field {f.name!r} has an unsupported type")
-                    continue
-                map_key = None
-                if type_name in map_entries:
-                    key, value = map_entries[type_name]
-                    map_key = _KINDS[key.type]
-                    kind = _KINDS[value.type]
-                    type_name = value.type_name.lstrip(".") or None
-                oneof = None
-                if f.HasField("oneof_index") and not f.proto3_optional:
-                    oneof = oneofs[f.oneof_index]
-                fields.append(
-                    Field(
-                        name=f.name,
-                        number=f.number,
-                        kind=kind,
-                        type_name=type_name,
-                        repeated=f.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED and map_key is None,
-                        map_key=map_key,
-                        oneof=oneof,
-                        json_name=f.json_name,
-                        doc=docs.get((*path, _MESSAGE_FIELDS, i), ""),
-                    )
-                )
-            real_oneofs = tuple(
-                o for i, o in enumerate(oneofs) if any(f.HasField("oneof_index") and f.oneof_index == i
-                                                      and not f.proto3_optional for f in m.field)
-            )
-            messages.append(Message(full, py_path, module, tuple(fields), real_oneofs, docs.get(path, "")))
-            for j, nested in enumerate(m.nested_type):
-                walk_message(nested, f"{py_path}.", (*path, _MESSAGE_NESTED, j))
-            for j, e in enumerate(m.enum_type):
-                walk_enum(e, f"{py_path}.", (*path, _MESSAGE_ENUMS, j))
-
+        walker = _FileWalker(spec_dir, file, package, map_entries, problems)
         for i, m in enumerate(file.message_type):
-            walk_message(m, "", (_FILE_MESSAGES, i))
+            walker.message(m, "", (_FILE_MESSAGES, i))
         for i, e in enumerate(file.enum_type):
-            walk_enum(e, "", (_FILE_ENUMS, i))
+            walker.enum(e, "", (_FILE_ENUMS, i))
+        messages += walker.messages
+        enums += walker.enums
         for i, s in enumerate(file.service):
             services.append((s.name, file.name))
             for j, method in enumerate(s.method):
@@ -210,7 +213,7 @@ def _walk(
                         response=method.output_type.lstrip("."),
                         client_streaming=method.client_streaming,
                         server_streaming=method.server_streaming,
-                        doc=docs.get((_FILE_SERVICES, i, _SERVICE_METHODS, j), ""),
+                        doc=walker.docs.get((_FILE_SERVICES, i, _SERVICE_METHODS, j), ""),
                     )
                 )
     if len(services) != 1:

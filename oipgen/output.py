@@ -97,12 +97,14 @@ class Diff:
         body = self.details[:limit]
         if len(self.details) > limit:
             body.append(f"... {len(self.details) - limit} more diff lines")
-        return "\n".join(lines + ([""] + body if body else []))
+        return "\n".join(lines + (["", *body] if body else []))
 
 
 def diff(package_dir: Path, tree: Tree) -> Diff:
     on_disk = set(files_on_disk(package_dir))
-    changed, missing, details = [], [], []
+    changed: list[str] = []
+    missing: list[str] = []
+    details: list[str] = []
     for rel in sorted(tree.files):
         want = tree.files[rel]
         if rel not in on_disk:

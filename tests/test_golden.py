@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from conftest import GENERATED, ROOT, SPEC, oipgen
+
 from oipgen.build import BuildOptions, build_tree
 from oipgen.output import MANIFEST, diff, read_manifest
 

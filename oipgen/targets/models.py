@@ -29,7 +29,12 @@ DCG_OPTIONS: dict[str, Any] = {
 
 
 def build(ctx: Context, tree: Tree) -> None:
-    from datamodel_code_generator import DataModelType, InputFileType, PythonVersion, generate
+    from datamodel_code_generator import (  # type: ignore[attr-defined]
+        DataModelType,
+        InputFileType,
+        PythonVersion,
+        generate,
+    )
 
     code = generate(
         ctx.api.openapi,

@@ -1,0 +1,17 @@
+"""oipgen's own code stays ruff-clean and mypy-strict; the suite runs it so CI holds the line."""
+
+from __future__ import annotations
+
+import subprocess
+
+from conftest import BIN, ROOT
+
+
+def test_ruff() -> None:
+    result = subprocess.run([str(BIN / "ruff"), "check", "oipgen", "tests"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict() -> None:
+    result = subprocess.run([str(BIN / "mypy")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,158 @@
+"""The spec loads into one API model whose two halves agree; a broken spec gets a clear report naming the file."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SPEC, oipgen
+
+from oipgen.api import Api
+from oipgen.load import load_spec
+from oipgen.problems import SpecError
+
+
+def test_the_spec_loads_and_cross_checks(api: Api) -> None:
+    assert api.proto_package == "inference" and api.service == "GRPCInferenceService"
+    rpcs = {r.name for r in api.rpcs}
+    assert {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+            "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+            "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+            "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+            "CudaSharedMemoryUnregister"} <= rpcs
+    for op in api.operations:
+        assert op.rest or op.grpc_only, op.name
+    assert [d.name for d in api.datatypes] == ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+                                               "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"]
+    assert api.operation("ModelStreamInfer").grpc_only
+    infer = api.operation("ModelInfer")
+    assert {ep.path for ep in infer.rest} == {"/v2/models/{model_name}/infer",
+                                             "/v2/models/{model_name}/versions/{model_version}/infer"}
+    assert len(api.examples) >= 50
+
+
+def test_infer_parameter_has_all_five_cases(api: Api) -> None:
+    fields = {f.name: (f.number, f.kind) for f in api.message("inference.InferParameter").fields}
+    assert fields == {"bool_param": (1, "bool"), "int64_param": (2, "int64"), "string_param": (3, "string"),
+                      "double_param": (4, "double"), "uint64_param": (5, "uint64")}
+
+
+def test_proto_is_wire_compatible_with_tritons(api: Api) -> None:
+    """Every field we declare exists in tritonclient's copy of Triton's proto with the same number and type."""
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    pools = [service_pb2.DESCRIPTOR.pool, model_config_pb2.DESCRIPTOR.pool]
+    checked = 0
+    for m in api.messages:
+        if m.full_name == "inference.ModelMetadataResponse":
+            continue  # field 6 (properties) is OIP's, which Triton lacks; see spec/README.md
+        theirs = None
+        for pool in pools:
+            try:
+                theirs = pool.FindMessageTypeByName(m.full_name)
+                break
+            except KeyError:
+                continue
+        assert theirs is not None, f"{m.full_name} is not in Triton's proto"
+        for f in m.fields:
+            t = theirs.fields_by_name.get(f.name)
+            assert t is not None and t.number == f.number, f"{m.full_name}.{f.name}"
+            checked += 1
+    for rpc in api.rpcs:
+        method = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[rpc.name]
+        assert method.input_type.full_name == rpc.request and method.output_type.full_name == rpc.response
+    assert checked > 200
+
+
+# -- broken specs ----------------------------------------------------------------------------------------------
+def _broken(tmp_path: Path, change: Callable[[Path], None]) -> Path:
+    spec = tmp_path / "spec"
+    shutil.copytree(SPEC, spec)
+    change(spec)
+    return spec
+
+
+def _edit_openapi(spec: Path, edit: Callable[[dict], None]) -> None:  # type: ignore[type-arg]
+    doc = yaml.safe_load((spec / "openapi.yaml").read_text())
+    edit(doc)
+    (spec / "openapi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _proto_syntax_error(spec: Path) -> None:
+    path = spec / "grpc_service.proto"
+    path.write_text(path.read_text().replace("message ServerLiveRequest", "mesage ServerLiveRequest", 1))
+
+
+def _dangling_ref(spec: Path) -> None:
+    def edit(doc: dict) -> None:  # type: ignore[type-arg]
+        doc["components"]["schemas"]["RequestInput"]["properties"]["data"] = {
+            "$ref": "#/components/schemas/NoSuchSchema"}
+    _edit_openapi(spec, edit)
+
+
+def _rpc_without_rest(spec: Path) -> None:
+    path = spec / "grpc_service.proto"
+    text = path.read_text()
+    ping = "  rpc ServerPing(ServerLiveRequest) returns (ServerLiveResponse) {}"
+    text = text.replace("service GRPCInferenceService {", "service GRPCInferenceService {\n" + ping, 1)
+    path.write_text(text)
+
+
+def _unsafe_identifier(spec: Path) -> None:
+    def edit(doc: dict) -> None:  # type: ignore[type-arg]
+        doc["paths"]["/v2/health/live"]["get"]["operationId"] = "class"
+    _edit_openapi(spec, edit)
+
+
+def _field_mismatch(spec: Path) -> None:
+    def edit(doc: dict) -> None:  # type: ignore[type-arg]
+        doc["components"]["schemas"]["RequestInput"]["properties"]["shapes"] = {"type": "array"}
+    _edit_openapi(spec, edit)
+
+
+def _datatype_mismatch(spec: Path) -> None:
+    path = spec / "datatypes.yaml"
+    path.write_text(path.read_text().replace("name: BF16", "name: BF17"))
+
+
+BROKEN = {
+    "proto-syntax": (_proto_syntax_error, "grpc_service.proto", "line "),
+    "dangling-ref": (_dangling_ref, "openapi.yaml", "dangling reference '#/components/schemas/NoSuchSchema'"),
+    "rpc-without-rest": (_rpc_without_rest, "openapi.yaml", "RPC ServerPing has no REST operation"),
+    "unsafe-identifier": (_unsafe_identifier, "openapi.yaml", "operationId 'class' is not a safe Python identifier"),
+    "field-mismatch": (_field_mismatch, "openapi.yaml",
+                       "no field 'shapes' in inference.ModelInferRequest.InferInputTensor"),
+    "datatype-mismatch": (_datatype_mismatch, "openapi.yaml", "differs from datatypes.yaml"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_spec_is_reported_with_its_file(tmp_path: Path, case: str) -> None:
+    change, file, text = BROKEN[case]
+    spec = _broken(tmp_path, change)
+    with pytest.raises(SpecError) as info:
+        load_spec(spec)
+    assert any(file in p.file and text in str(p) for p in info.value.problems), info.value.problems
+    result = oipgen("build", "--spec", str(spec), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert file in result.stderr and text in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    def both(spec: Path) -> None:
+        _dangling_ref(spec)
+        _datatype_mismatch(spec)
+    with pytest.raises(SpecError) as info:
+        load_spec(_broken(tmp_path, both))
+    files = {Path(p.file).name for p in info.value.problems}
+    assert {"openapi.yaml"} <= files and len(info.value.problems) >= 2
+
+
+def test_unsafe_package_name_is_refused(tmp_path: Path) -> None:
+    result = oipgen("build", "--package", "my-pkg", "--out", str(tmp_path))
+    assert result.returncode == 2 and "not a safe Python package name" in result.stderr
