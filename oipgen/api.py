@@ -122,6 +122,7 @@ class RestEndpoint:
     body: str | None  # component schema name of the request body
     body_required: bool
     response: str | None  # component schema name of the 200 body; None when it has no body
+    health: str | None  # x-oip-health: the boolean response field whose `false` makes the REST status "not ready"
     summary: str
     description: str
 

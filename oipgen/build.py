@@ -14,16 +14,6 @@ from .output import MANIFEST, Tree, manifest_bytes
 # Tools whose output lands in the tree byte for byte: a change of version may change the output.
 TOOLS = ("datamodel-code-generator", "grpcio-tools")
 
-# What the generated package imports at run time, with the ranges it is tested against.
-RUNTIME_REQUIREMENTS = (
-    "numpy>=1.26,<3",
-    "ml-dtypes>=0.4,<0.6",
-    "pydantic>=2.7,<3",
-    "protobuf>=6.31.1,<8",
-    "grpcio>=1.76.0,<2",
-)
-
-
 @dataclass(frozen=True)
 class BuildOptions:
     spec: Path
@@ -91,7 +81,7 @@ def build_tree(opts: BuildOptions) -> Tree:
     """Load the spec and render every requested target into memory, manifest included."""
     from .load import load_spec
     from .render import Renderer, header_lines
-    from .targets import Context, build, resolve
+    from .targets import Context, build, requirements, resolve
 
     api = load_spec(opts.spec)
     header = header_lines(api.spec_hash)
@@ -112,7 +102,7 @@ def build_tree(opts: BuildOptions) -> Tree:
         "spec_files": {f.path: f.sha256 for f in api.files},
         "inputs_sha256": inputs_hash(opts),
         "tools": tool_versions(),
-        "runtime_requirements": list(RUNTIME_REQUIREMENTS),
+        "runtime_requirements": requirements(targets),
     }
     tree.add(MANIFEST, manifest_bytes(meta, tree))
     return tree

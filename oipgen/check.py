@@ -100,6 +100,10 @@ class _Checker:
                                          f"returns {rpc.response}")
                 elif response is not None and response.fields:
                     self.rest(where, f"the 200 response has no body, but {rpc.response} has fields")
+                if ep.health is not None:
+                    f = response.field(ep.health) if response else None
+                    if f is None or f.kind != "bool" or f.repeated:
+                        self.rest(where, f"x-oip-health names {ep.health!r}, not a bool field of {rpc.response}")
 
     # -- schemas ----------------------------------------------------------------------------------------------
     def path_fields(self, schema: Schema) -> set[str]:

@@ -198,6 +198,7 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, RestEndpoint], ...]:
                         body=body_name,
                         body_required=bool(body and body.get("required")),
                         response=response_name,
+                        health=op.get("x-oip-health") if isinstance(op.get("x-oip-health"), str) else None,
                         summary=str(op.get("summary", "")),
                         description=str(op.get("description", "")),
                     ),

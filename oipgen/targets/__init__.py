@@ -1,7 +1,8 @@
 """Targets: each one reads the API model and adds files to the generated tree.
 
-A target is a module with `FILES_DOC` (one line on what it writes) and `build(ctx, tree)`. Modules are imported
-only when built, so that checking an up-to-date tree never imports a generator.
+A target is a module with `build(ctx, tree)`. Modules are imported only when built, so that checking an
+up-to-date tree never imports a generator. What each target's output needs at run time is listed here, with the
+version ranges the suite tests, and goes into the manifest.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ TARGETS: dict[str, tuple[tuple[str, ...], str]] = {
     "package": ((), "oipgen.targets.package"),
     "models": (("package",), "oipgen.targets.models"),
     "grpc": (("package", "models"), "oipgen.targets.grpc"),
+    "server": (("package", "models", "grpc"), "oipgen.targets.server"),
+}
+
+# What the generated code of each target imports at run time.
+REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "package": (),
+    "models": ("numpy>=1.26,<3", "ml-dtypes>=0.4,<0.6", "pydantic>=2.7,<3"),
+    "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
+    "server": ("fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "orjson>=3.10,<4", "httpx>=0.27,<1"),
 }
 PUBLIC = tuple(t for t in TARGETS if t != "package")
 
@@ -52,6 +62,10 @@ def resolve(names: list[str]) -> list[str]:
         for n in PUBLIC if name == "all" else (name,):
             add(n)
     return [t for t in TARGETS if t in wanted]
+
+
+def requirements(targets: list[str]) -> list[str]:
+    return sorted({r for t in targets for r in REQUIREMENTS[t]})
 
 
 def build(name: str, ctx: Context, tree: Tree) -> None:
