@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: build test goldens lint bench-build clean
+.PHONY: build test goldens lint bench-build serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ goldens: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check oipgen tests bench
 	$(BIN)/mypy
+
+## serve: build, then serve the example models (examples/models) over REST on :8000 and gRPC on :8001
+serve: build
+	PYTHONPATH=generated $(BIN)/python -m oip serve --model-repository examples/models --host 127.0.0.1 --http-port 8000 --grpc-port 8001
 
 ## bench-build: time a cold build and a --check against the floor (datamodel-codegen + protoc)
 bench-build: $(STAMP)

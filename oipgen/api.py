@@ -9,7 +9,9 @@ from __future__ import annotations
 import keyword
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 SCALAR_KINDS = frozenset(
     {"double", "float", "int64", "uint64", "int32", "uint32", "fixed64", "fixed32", "sfixed32", "sfixed64",
@@ -218,25 +220,27 @@ class Api:
     info: dict[str, Any] = field(default_factory=dict)
 
     def message(self, full_name: str) -> Message:
-        for m in self.messages:
-            if m.full_name == full_name:
-                return m
-        raise KeyError(full_name)
+        return _find(self.messages, "full_name", full_name)
 
     def schema(self, name: str) -> Schema:
-        for s in self.schemas:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return _find(self.schemas, "name", name)
 
     def datatype(self, name: str) -> Datatype:
-        for d in self.datatypes:
-            if d.name == name:
-                return d
-        raise KeyError(name)
+        return _find(self.datatypes, "name", name)
 
     def operation(self, rpc_name: str) -> Operation:
-        for o in self.operations:
-            if o.rpc.name == rpc_name:
-                return o
+        for op in self.operations:
+            if op.rpc.name == rpc_name:
+                return op
         raise KeyError(rpc_name)
+
+    def endpoint_schemas(self) -> set[str]:
+        """Schemas that are a whole REST body of some operation (as opposed to parts of one)."""
+        return {name for op in self.operations for ep in op.rest for name in (ep.body, ep.response) if name}
+
+
+def _find(items: tuple[_T, ...], attr: str, value: str) -> _T:
+    for item in items:
+        if getattr(item, attr) == value:
+            return item
+    raise KeyError(value)

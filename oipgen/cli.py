@@ -14,6 +14,7 @@ from . import __version__
 
 EXIT_STALE = 1
 EXIT_SPEC = 2
+EXIT_REFUSED = 1  # scaffold: a file exists or an argument is invalid; nothing written
 
 
 def _config(cwd: Path) -> tuple[dict[str, Any], Path]:
@@ -40,6 +41,19 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 with a diff summary if the output on disk is stale or has extra files")
     b.add_argument("-q", "--quiet", action="store_true", help="print only problems")
+    s = sub.add_parser("scaffold", help="start a model folder for the generated server")
+    kinds = s.add_subparsers(dest="kind", required=True)
+    m = kinds.add_parser("model", help="write DIR/NAME/model.toml and DIR/NAME/model.py (never overwrites)")
+    m.add_argument("name", metavar="NAME", help="the model's name (its folder in the repository)")
+    m.add_argument("--repository", type=Path, metavar="DIR",
+                   help="the model repository (default: [tool.oipgen] model_repository, else models)")
+    m.add_argument("--input", action="append", default=[], metavar="NAME:DATATYPE:SHAPE",
+                   help="a declared input, like INPUT0:FP32:1,16 (-1: any size); repeatable; default INPUT0:FP32:-1")
+    m.add_argument("--output", action="append", default=[], metavar="NAME:DATATYPE:SHAPE",
+                   help="a declared output (repeatable; default: OUTPUT0 with the first input's datatype and shape)")
+    m.add_argument("--package",
+                   help="the generated package the model imports (default: [tool.oipgen] package, else oip)")
+    m.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
     return p
 
 
@@ -47,7 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "build":
         return _build(args)
+    if args.command == "scaffold":
+        return _scaffold(args)
     return 2
+
+
+def _scaffold(args: argparse.Namespace) -> int:
+    from .scaffold import ScaffoldError, datatype_names, scaffold_model
+
+    config, root = _config(Path.cwd())
+    repository = args.repository if args.repository is not None else (
+        root / str(config.get("model_repository", "models")))
+    spec = args.spec if args.spec is not None else root / str(config.get("spec", "spec"))
+    package = args.package or str(config.get("package", "oip"))
+    try:
+        written = scaffold_model(repository, args.name, package=package, datatypes=datatype_names(spec),
+                                 inputs=args.input, outputs=args.output)
+    except (ScaffoldError, OSError) as e:
+        print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    for path in written:
+        print(f"  created  {path}")
+    print(f"oipgen: model '{args.name}' scaffolded; fill in infer() in {written[-1]}")
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:

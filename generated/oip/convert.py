@@ -10,7 +10,8 @@ arrays: JSON `data` becomes typed `contents` (or `raw_*_contents` with `raw=True
 
 - `rest_to_proto(schema, body, raw=False, path=None)` and `proto_to_rest(schema, message, **rest_only)` work on
   plain JSON values (dicts and lists), for code that never builds pydantic models;
-- `<schema>_to_proto(model, ...)` and `<schema>_from_proto(message, ...)` are the typed forms, one per schema.
+- `<schema>_to_proto(model, ...)` and `<schema>_from_proto(message, ...)` are the typed forms, one per schema that
+  is a whole REST body (nested schemas convert through the functions above).
 """
 
 from __future__ import annotations
@@ -990,20 +991,6 @@ def metadata_server_response_from_proto(message: grpc_service_pb2.ServerMetadata
     body = proto_to_rest('MetadataServerResponse', message, **rest_only)
     return models.MetadataServerResponse.model_validate(body)
 
-def metadata_tensor_to_proto(
-    model: models.MetadataTensor, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.ModelMetadataResponse.TensorMetadata:
-    """`models.MetadataTensor` -> `inference.ModelMetadataResponse.TensorMetadata`."""
-    msg = rest_to_proto('MetadataTensor', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.ModelMetadataResponse.TensorMetadata)
-    return msg
-
-
-def metadata_tensor_from_proto(message: grpc_service_pb2.ModelMetadataResponse.TensorMetadata, **rest_only: Any) -> models.MetadataTensor:
-    """`inference.ModelMetadataResponse.TensorMetadata` -> `models.MetadataTensor`."""
-    body = proto_to_rest('MetadataTensor', message, **rest_only)
-    return models.MetadataTensor.model_validate(body)
-
 def metadata_model_response_to_proto(
     model: models.MetadataModelResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelMetadataResponse:
@@ -1018,34 +1005,6 @@ def metadata_model_response_from_proto(message: grpc_service_pb2.ModelMetadataRe
     body = proto_to_rest('MetadataModelResponse', message, **rest_only)
     return models.MetadataModelResponse.model_validate(body)
 
-def request_input_to_proto(
-    model: models.RequestInput, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.ModelInferRequest.InferInputTensor:
-    """`models.RequestInput` -> `inference.ModelInferRequest.InferInputTensor`."""
-    msg = rest_to_proto('RequestInput', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.ModelInferRequest.InferInputTensor)
-    return msg
-
-
-def request_input_from_proto(message: grpc_service_pb2.ModelInferRequest.InferInputTensor, **rest_only: Any) -> models.RequestInput:
-    """`inference.ModelInferRequest.InferInputTensor` -> `models.RequestInput`."""
-    body = proto_to_rest('RequestInput', message, **rest_only)
-    return models.RequestInput.model_validate(body)
-
-def request_output_to_proto(
-    model: models.RequestOutput, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.ModelInferRequest.InferRequestedOutputTensor:
-    """`models.RequestOutput` -> `inference.ModelInferRequest.InferRequestedOutputTensor`."""
-    msg = rest_to_proto('RequestOutput', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.ModelInferRequest.InferRequestedOutputTensor)
-    return msg
-
-
-def request_output_from_proto(message: grpc_service_pb2.ModelInferRequest.InferRequestedOutputTensor, **rest_only: Any) -> models.RequestOutput:
-    """`inference.ModelInferRequest.InferRequestedOutputTensor` -> `models.RequestOutput`."""
-    body = proto_to_rest('RequestOutput', message, **rest_only)
-    return models.RequestOutput.model_validate(body)
-
 def inference_request_to_proto(
     model: models.InferenceRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelInferRequest:
@@ -1059,20 +1018,6 @@ def inference_request_from_proto(message: grpc_service_pb2.ModelInferRequest, **
     """`inference.ModelInferRequest` -> `models.InferenceRequest`."""
     body = proto_to_rest('InferenceRequest', message, **rest_only)
     return models.InferenceRequest.model_validate(body)
-
-def response_output_to_proto(
-    model: models.ResponseOutput, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.ModelInferResponse.InferOutputTensor:
-    """`models.ResponseOutput` -> `inference.ModelInferResponse.InferOutputTensor`."""
-    msg = rest_to_proto('ResponseOutput', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.ModelInferResponse.InferOutputTensor)
-    return msg
-
-
-def response_output_from_proto(message: grpc_service_pb2.ModelInferResponse.InferOutputTensor, **rest_only: Any) -> models.ResponseOutput:
-    """`inference.ModelInferResponse.InferOutputTensor` -> `models.ResponseOutput`."""
-    body = proto_to_rest('ResponseOutput', message, **rest_only)
-    return models.ResponseOutput.model_validate(body)
 
 def inference_response_to_proto(
     model: models.InferenceResponse, *, raw: bool = False, **path: Any
@@ -1101,20 +1046,6 @@ def repository_index_request_from_proto(message: grpc_service_pb2.RepositoryInde
     """`inference.RepositoryIndexRequest` -> `models.RepositoryIndexRequest`."""
     body = proto_to_rest('RepositoryIndexRequest', message, **rest_only)
     return models.RepositoryIndexRequest.model_validate(body)
-
-def model_index_to_proto(
-    model: models.ModelIndex, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.RepositoryIndexResponse.ModelIndex:
-    """`models.ModelIndex` -> `inference.RepositoryIndexResponse.ModelIndex`."""
-    msg = rest_to_proto('ModelIndex', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.RepositoryIndexResponse.ModelIndex)
-    return msg
-
-
-def model_index_from_proto(message: grpc_service_pb2.RepositoryIndexResponse.ModelIndex, **rest_only: Any) -> models.ModelIndex:
-    """`inference.RepositoryIndexResponse.ModelIndex` -> `models.ModelIndex`."""
-    body = proto_to_rest('ModelIndex', message, **rest_only)
-    return models.ModelIndex.model_validate(body)
 
 def repository_index_response_to_proto(
     model: list[models.ModelIndex], *, raw: bool = False, **path: Any
@@ -1158,90 +1089,6 @@ def repository_model_unload_request_from_proto(message: grpc_service_pb2.Reposit
     body = proto_to_rest('RepositoryModelUnloadRequest', message, **rest_only)
     return models.RepositoryModelUnloadRequest.model_validate(body)
 
-def statistic_duration_to_proto(
-    model: models.StatisticDuration, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.StatisticDuration:
-    """`models.StatisticDuration` -> `inference.StatisticDuration`."""
-    msg = rest_to_proto('StatisticDuration', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.StatisticDuration)
-    return msg
-
-
-def statistic_duration_from_proto(message: grpc_service_pb2.StatisticDuration, **rest_only: Any) -> models.StatisticDuration:
-    """`inference.StatisticDuration` -> `models.StatisticDuration`."""
-    body = proto_to_rest('StatisticDuration', message, **rest_only)
-    return models.StatisticDuration.model_validate(body)
-
-def infer_statistics_to_proto(
-    model: models.InferStatistics, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.InferStatistics:
-    """`models.InferStatistics` -> `inference.InferStatistics`."""
-    msg = rest_to_proto('InferStatistics', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.InferStatistics)
-    return msg
-
-
-def infer_statistics_from_proto(message: grpc_service_pb2.InferStatistics, **rest_only: Any) -> models.InferStatistics:
-    """`inference.InferStatistics` -> `models.InferStatistics`."""
-    body = proto_to_rest('InferStatistics', message, **rest_only)
-    return models.InferStatistics.model_validate(body)
-
-def infer_response_statistics_to_proto(
-    model: models.InferResponseStatistics, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.InferResponseStatistics:
-    """`models.InferResponseStatistics` -> `inference.InferResponseStatistics`."""
-    msg = rest_to_proto('InferResponseStatistics', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.InferResponseStatistics)
-    return msg
-
-
-def infer_response_statistics_from_proto(message: grpc_service_pb2.InferResponseStatistics, **rest_only: Any) -> models.InferResponseStatistics:
-    """`inference.InferResponseStatistics` -> `models.InferResponseStatistics`."""
-    body = proto_to_rest('InferResponseStatistics', message, **rest_only)
-    return models.InferResponseStatistics.model_validate(body)
-
-def infer_batch_statistics_to_proto(
-    model: models.InferBatchStatistics, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.InferBatchStatistics:
-    """`models.InferBatchStatistics` -> `inference.InferBatchStatistics`."""
-    msg = rest_to_proto('InferBatchStatistics', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.InferBatchStatistics)
-    return msg
-
-
-def infer_batch_statistics_from_proto(message: grpc_service_pb2.InferBatchStatistics, **rest_only: Any) -> models.InferBatchStatistics:
-    """`inference.InferBatchStatistics` -> `models.InferBatchStatistics`."""
-    body = proto_to_rest('InferBatchStatistics', message, **rest_only)
-    return models.InferBatchStatistics.model_validate(body)
-
-def memory_usage_to_proto(
-    model: models.MemoryUsage, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.MemoryUsage:
-    """`models.MemoryUsage` -> `inference.MemoryUsage`."""
-    msg = rest_to_proto('MemoryUsage', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.MemoryUsage)
-    return msg
-
-
-def memory_usage_from_proto(message: grpc_service_pb2.MemoryUsage, **rest_only: Any) -> models.MemoryUsage:
-    """`inference.MemoryUsage` -> `models.MemoryUsage`."""
-    body = proto_to_rest('MemoryUsage', message, **rest_only)
-    return models.MemoryUsage.model_validate(body)
-
-def model_statistics_to_proto(
-    model: models.ModelStatistics, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.ModelStatistics:
-    """`models.ModelStatistics` -> `inference.ModelStatistics`."""
-    msg = rest_to_proto('ModelStatistics', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.ModelStatistics)
-    return msg
-
-
-def model_statistics_from_proto(message: grpc_service_pb2.ModelStatistics, **rest_only: Any) -> models.ModelStatistics:
-    """`inference.ModelStatistics` -> `models.ModelStatistics`."""
-    body = proto_to_rest('ModelStatistics', message, **rest_only)
-    return models.ModelStatistics.model_validate(body)
-
 def model_statistics_response_to_proto(
     model: models.ModelStatisticsResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelStatisticsResponse:
@@ -1256,272 +1103,6 @@ def model_statistics_response_from_proto(message: grpc_service_pb2.ModelStatisti
     body = proto_to_rest('ModelStatisticsResponse', message, **rest_only)
     return models.ModelStatisticsResponse.model_validate(body)
 
-def model_tensor_reshape_to_proto(
-    model: models.ModelTensorReshape, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelTensorReshape:
-    """`models.ModelTensorReshape` -> `inference.ModelTensorReshape`."""
-    msg = rest_to_proto('ModelTensorReshape', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelTensorReshape)
-    return msg
-
-
-def model_tensor_reshape_from_proto(message: model_config_pb2.ModelTensorReshape, **rest_only: Any) -> models.ModelTensorReshape:
-    """`inference.ModelTensorReshape` -> `models.ModelTensorReshape`."""
-    body = proto_to_rest('ModelTensorReshape', message, **rest_only)
-    return models.ModelTensorReshape.model_validate(body)
-
-def model_input_to_proto(
-    model: models.ModelInput, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelInput:
-    """`models.ModelInput` -> `inference.ModelInput`."""
-    msg = rest_to_proto('ModelInput', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelInput)
-    return msg
-
-
-def model_input_from_proto(message: model_config_pb2.ModelInput, **rest_only: Any) -> models.ModelInput:
-    """`inference.ModelInput` -> `models.ModelInput`."""
-    body = proto_to_rest('ModelInput', message, **rest_only)
-    return models.ModelInput.model_validate(body)
-
-def model_output_to_proto(
-    model: models.ModelOutput, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelOutput:
-    """`models.ModelOutput` -> `inference.ModelOutput`."""
-    msg = rest_to_proto('ModelOutput', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelOutput)
-    return msg
-
-
-def model_output_from_proto(message: model_config_pb2.ModelOutput, **rest_only: Any) -> models.ModelOutput:
-    """`inference.ModelOutput` -> `models.ModelOutput`."""
-    body = proto_to_rest('ModelOutput', message, **rest_only)
-    return models.ModelOutput.model_validate(body)
-
-def model_version_policy_latest_to_proto(
-    model: models.ModelVersionPolicyLatest, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelVersionPolicy.Latest:
-    """`models.ModelVersionPolicyLatest` -> `inference.ModelVersionPolicy.Latest`."""
-    msg = rest_to_proto('ModelVersionPolicyLatest', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelVersionPolicy.Latest)
-    return msg
-
-
-def model_version_policy_latest_from_proto(message: model_config_pb2.ModelVersionPolicy.Latest, **rest_only: Any) -> models.ModelVersionPolicyLatest:
-    """`inference.ModelVersionPolicy.Latest` -> `models.ModelVersionPolicyLatest`."""
-    body = proto_to_rest('ModelVersionPolicyLatest', message, **rest_only)
-    return models.ModelVersionPolicyLatest.model_validate(body)
-
-def model_version_policy_all_to_proto(
-    model: models.ModelVersionPolicyAll, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelVersionPolicy.All:
-    """`models.ModelVersionPolicyAll` -> `inference.ModelVersionPolicy.All`."""
-    msg = rest_to_proto('ModelVersionPolicyAll', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelVersionPolicy.All)
-    return msg
-
-
-def model_version_policy_all_from_proto(message: model_config_pb2.ModelVersionPolicy.All, **rest_only: Any) -> models.ModelVersionPolicyAll:
-    """`inference.ModelVersionPolicy.All` -> `models.ModelVersionPolicyAll`."""
-    body = proto_to_rest('ModelVersionPolicyAll', message, **rest_only)
-    return models.ModelVersionPolicyAll.model_validate(body)
-
-def model_version_policy_specific_to_proto(
-    model: models.ModelVersionPolicySpecific, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelVersionPolicy.Specific:
-    """`models.ModelVersionPolicySpecific` -> `inference.ModelVersionPolicy.Specific`."""
-    msg = rest_to_proto('ModelVersionPolicySpecific', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelVersionPolicy.Specific)
-    return msg
-
-
-def model_version_policy_specific_from_proto(message: model_config_pb2.ModelVersionPolicy.Specific, **rest_only: Any) -> models.ModelVersionPolicySpecific:
-    """`inference.ModelVersionPolicy.Specific` -> `models.ModelVersionPolicySpecific`."""
-    body = proto_to_rest('ModelVersionPolicySpecific', message, **rest_only)
-    return models.ModelVersionPolicySpecific.model_validate(body)
-
-def model_version_policy_to_proto(
-    model: models.ModelVersionPolicy, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelVersionPolicy:
-    """`models.ModelVersionPolicy` -> `inference.ModelVersionPolicy`."""
-    msg = rest_to_proto('ModelVersionPolicy', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelVersionPolicy)
-    return msg
-
-
-def model_version_policy_from_proto(message: model_config_pb2.ModelVersionPolicy, **rest_only: Any) -> models.ModelVersionPolicy:
-    """`inference.ModelVersionPolicy` -> `models.ModelVersionPolicy`."""
-    body = proto_to_rest('ModelVersionPolicy', message, **rest_only)
-    return models.ModelVersionPolicy.model_validate(body)
-
-def model_instance_group_to_proto(
-    model: models.ModelInstanceGroup, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelInstanceGroup:
-    """`models.ModelInstanceGroup` -> `inference.ModelInstanceGroup`."""
-    msg = rest_to_proto('ModelInstanceGroup', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelInstanceGroup)
-    return msg
-
-
-def model_instance_group_from_proto(message: model_config_pb2.ModelInstanceGroup, **rest_only: Any) -> models.ModelInstanceGroup:
-    """`inference.ModelInstanceGroup` -> `models.ModelInstanceGroup`."""
-    body = proto_to_rest('ModelInstanceGroup', message, **rest_only)
-    return models.ModelInstanceGroup.model_validate(body)
-
-def model_queue_policy_to_proto(
-    model: models.ModelQueuePolicy, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelQueuePolicy:
-    """`models.ModelQueuePolicy` -> `inference.ModelQueuePolicy`."""
-    msg = rest_to_proto('ModelQueuePolicy', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelQueuePolicy)
-    return msg
-
-
-def model_queue_policy_from_proto(message: model_config_pb2.ModelQueuePolicy, **rest_only: Any) -> models.ModelQueuePolicy:
-    """`inference.ModelQueuePolicy` -> `models.ModelQueuePolicy`."""
-    body = proto_to_rest('ModelQueuePolicy', message, **rest_only)
-    return models.ModelQueuePolicy.model_validate(body)
-
-def model_dynamic_batching_to_proto(
-    model: models.ModelDynamicBatching, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelDynamicBatching:
-    """`models.ModelDynamicBatching` -> `inference.ModelDynamicBatching`."""
-    msg = rest_to_proto('ModelDynamicBatching', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelDynamicBatching)
-    return msg
-
-
-def model_dynamic_batching_from_proto(message: model_config_pb2.ModelDynamicBatching, **rest_only: Any) -> models.ModelDynamicBatching:
-    """`inference.ModelDynamicBatching` -> `models.ModelDynamicBatching`."""
-    body = proto_to_rest('ModelDynamicBatching', message, **rest_only)
-    return models.ModelDynamicBatching.model_validate(body)
-
-def model_sequence_batching_control_to_proto(
-    model: models.ModelSequenceBatchingControl, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelSequenceBatching.Control:
-    """`models.ModelSequenceBatchingControl` -> `inference.ModelSequenceBatching.Control`."""
-    msg = rest_to_proto('ModelSequenceBatchingControl', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelSequenceBatching.Control)
-    return msg
-
-
-def model_sequence_batching_control_from_proto(message: model_config_pb2.ModelSequenceBatching.Control, **rest_only: Any) -> models.ModelSequenceBatchingControl:
-    """`inference.ModelSequenceBatching.Control` -> `models.ModelSequenceBatchingControl`."""
-    body = proto_to_rest('ModelSequenceBatchingControl', message, **rest_only)
-    return models.ModelSequenceBatchingControl.model_validate(body)
-
-def model_sequence_batching_control_input_to_proto(
-    model: models.ModelSequenceBatchingControlInput, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelSequenceBatching.ControlInput:
-    """`models.ModelSequenceBatchingControlInput` -> `inference.ModelSequenceBatching.ControlInput`."""
-    msg = rest_to_proto('ModelSequenceBatchingControlInput', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelSequenceBatching.ControlInput)
-    return msg
-
-
-def model_sequence_batching_control_input_from_proto(message: model_config_pb2.ModelSequenceBatching.ControlInput, **rest_only: Any) -> models.ModelSequenceBatchingControlInput:
-    """`inference.ModelSequenceBatching.ControlInput` -> `models.ModelSequenceBatchingControlInput`."""
-    body = proto_to_rest('ModelSequenceBatchingControlInput', message, **rest_only)
-    return models.ModelSequenceBatchingControlInput.model_validate(body)
-
-def model_sequence_batching_strategy_direct_to_proto(
-    model: models.ModelSequenceBatchingStrategyDirect, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelSequenceBatching.StrategyDirect:
-    """`models.ModelSequenceBatchingStrategyDirect` -> `inference.ModelSequenceBatching.StrategyDirect`."""
-    msg = rest_to_proto('ModelSequenceBatchingStrategyDirect', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelSequenceBatching.StrategyDirect)
-    return msg
-
-
-def model_sequence_batching_strategy_direct_from_proto(message: model_config_pb2.ModelSequenceBatching.StrategyDirect, **rest_only: Any) -> models.ModelSequenceBatchingStrategyDirect:
-    """`inference.ModelSequenceBatching.StrategyDirect` -> `models.ModelSequenceBatchingStrategyDirect`."""
-    body = proto_to_rest('ModelSequenceBatchingStrategyDirect', message, **rest_only)
-    return models.ModelSequenceBatchingStrategyDirect.model_validate(body)
-
-def model_sequence_batching_strategy_oldest_to_proto(
-    model: models.ModelSequenceBatchingStrategyOldest, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelSequenceBatching.StrategyOldest:
-    """`models.ModelSequenceBatchingStrategyOldest` -> `inference.ModelSequenceBatching.StrategyOldest`."""
-    msg = rest_to_proto('ModelSequenceBatchingStrategyOldest', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelSequenceBatching.StrategyOldest)
-    return msg
-
-
-def model_sequence_batching_strategy_oldest_from_proto(message: model_config_pb2.ModelSequenceBatching.StrategyOldest, **rest_only: Any) -> models.ModelSequenceBatchingStrategyOldest:
-    """`inference.ModelSequenceBatching.StrategyOldest` -> `models.ModelSequenceBatchingStrategyOldest`."""
-    body = proto_to_rest('ModelSequenceBatchingStrategyOldest', message, **rest_only)
-    return models.ModelSequenceBatchingStrategyOldest.model_validate(body)
-
-def model_sequence_batching_to_proto(
-    model: models.ModelSequenceBatching, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelSequenceBatching:
-    """`models.ModelSequenceBatching` -> `inference.ModelSequenceBatching`."""
-    msg = rest_to_proto('ModelSequenceBatching', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelSequenceBatching)
-    return msg
-
-
-def model_sequence_batching_from_proto(message: model_config_pb2.ModelSequenceBatching, **rest_only: Any) -> models.ModelSequenceBatching:
-    """`inference.ModelSequenceBatching` -> `models.ModelSequenceBatching`."""
-    body = proto_to_rest('ModelSequenceBatching', message, **rest_only)
-    return models.ModelSequenceBatching.model_validate(body)
-
-def model_parameter_to_proto(
-    model: models.ModelParameter, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelParameter:
-    """`models.ModelParameter` -> `inference.ModelParameter`."""
-    msg = rest_to_proto('ModelParameter', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelParameter)
-    return msg
-
-
-def model_parameter_from_proto(message: model_config_pb2.ModelParameter, **rest_only: Any) -> models.ModelParameter:
-    """`inference.ModelParameter` -> `models.ModelParameter`."""
-    body = proto_to_rest('ModelParameter', message, **rest_only)
-    return models.ModelParameter.model_validate(body)
-
-def model_transaction_policy_to_proto(
-    model: models.ModelTransactionPolicy, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelTransactionPolicy:
-    """`models.ModelTransactionPolicy` -> `inference.ModelTransactionPolicy`."""
-    msg = rest_to_proto('ModelTransactionPolicy', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelTransactionPolicy)
-    return msg
-
-
-def model_transaction_policy_from_proto(message: model_config_pb2.ModelTransactionPolicy, **rest_only: Any) -> models.ModelTransactionPolicy:
-    """`inference.ModelTransactionPolicy` -> `models.ModelTransactionPolicy`."""
-    body = proto_to_rest('ModelTransactionPolicy', message, **rest_only)
-    return models.ModelTransactionPolicy.model_validate(body)
-
-def model_response_cache_to_proto(
-    model: models.ModelResponseCache, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelResponseCache:
-    """`models.ModelResponseCache` -> `inference.ModelResponseCache`."""
-    msg = rest_to_proto('ModelResponseCache', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelResponseCache)
-    return msg
-
-
-def model_response_cache_from_proto(message: model_config_pb2.ModelResponseCache, **rest_only: Any) -> models.ModelResponseCache:
-    """`inference.ModelResponseCache` -> `models.ModelResponseCache`."""
-    body = proto_to_rest('ModelResponseCache', message, **rest_only)
-    return models.ModelResponseCache.model_validate(body)
-
-def model_config_to_proto(
-    model: models.ModelConfig, *, raw: bool = False, **path: Any
-) -> model_config_pb2.ModelConfig:
-    """`models.ModelConfig` -> `inference.ModelConfig`."""
-    msg = rest_to_proto('ModelConfig', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, model_config_pb2.ModelConfig)
-    return msg
-
-
-def model_config_from_proto(message: model_config_pb2.ModelConfig, **rest_only: Any) -> models.ModelConfig:
-    """`inference.ModelConfig` -> `models.ModelConfig`."""
-    body = proto_to_rest('ModelConfig', message, **rest_only)
-    return models.ModelConfig.model_validate(body)
-
 def model_config_response_to_proto(
     model: models.ModelConfigResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelConfigResponse:
@@ -1535,20 +1116,6 @@ def model_config_response_from_proto(message: grpc_service_pb2.ModelConfigRespon
     """`inference.ModelConfigResponse` -> `models.ModelConfigResponse`."""
     body = proto_to_rest('ModelConfigResponse', message, **rest_only)
     return models.ModelConfigResponse.model_validate(body)
-
-def system_shared_memory_region_status_to_proto(
-    model: models.SystemSharedMemoryRegionStatus, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.SystemSharedMemoryStatusResponse.RegionStatus:
-    """`models.SystemSharedMemoryRegionStatus` -> `inference.SystemSharedMemoryStatusResponse.RegionStatus`."""
-    msg = rest_to_proto('SystemSharedMemoryRegionStatus', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.SystemSharedMemoryStatusResponse.RegionStatus)
-    return msg
-
-
-def system_shared_memory_region_status_from_proto(message: grpc_service_pb2.SystemSharedMemoryStatusResponse.RegionStatus, **rest_only: Any) -> models.SystemSharedMemoryRegionStatus:
-    """`inference.SystemSharedMemoryStatusResponse.RegionStatus` -> `models.SystemSharedMemoryRegionStatus`."""
-    body = proto_to_rest('SystemSharedMemoryRegionStatus', message, **rest_only)
-    return models.SystemSharedMemoryRegionStatus.model_validate(body)
 
 def system_shared_memory_status_response_to_proto(
     model: list[models.SystemSharedMemoryRegionStatus], *, raw: bool = False, **path: Any
@@ -1577,20 +1144,6 @@ def system_shared_memory_register_request_from_proto(message: grpc_service_pb2.S
     """`inference.SystemSharedMemoryRegisterRequest` -> `models.SystemSharedMemoryRegisterRequest`."""
     body = proto_to_rest('SystemSharedMemoryRegisterRequest', message, **rest_only)
     return models.SystemSharedMemoryRegisterRequest.model_validate(body)
-
-def cuda_shared_memory_region_status_to_proto(
-    model: models.CudaSharedMemoryRegionStatus, *, raw: bool = False, **path: Any
-) -> grpc_service_pb2.CudaSharedMemoryStatusResponse.RegionStatus:
-    """`models.CudaSharedMemoryRegionStatus` -> `inference.CudaSharedMemoryStatusResponse.RegionStatus`."""
-    msg = rest_to_proto('CudaSharedMemoryRegionStatus', _dump(model), raw=raw, path=path)
-    assert isinstance(msg, grpc_service_pb2.CudaSharedMemoryStatusResponse.RegionStatus)
-    return msg
-
-
-def cuda_shared_memory_region_status_from_proto(message: grpc_service_pb2.CudaSharedMemoryStatusResponse.RegionStatus, **rest_only: Any) -> models.CudaSharedMemoryRegionStatus:
-    """`inference.CudaSharedMemoryStatusResponse.RegionStatus` -> `models.CudaSharedMemoryRegionStatus`."""
-    body = proto_to_rest('CudaSharedMemoryRegionStatus', message, **rest_only)
-    return models.CudaSharedMemoryRegionStatus.model_validate(body)
 
 def cuda_shared_memory_status_response_to_proto(
     model: list[models.CudaSharedMemoryRegionStatus], *, raw: bool = False, **path: Any

@@ -1,0 +1,17 @@
+"""OUTPUT0 = INPUT0, a one-dimensional FP32 tensor of any length."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy.typing as npt
+from oip.server import Model, TensorSpec
+
+
+class IdentityFP32(Model):
+    inputs = (TensorSpec("INPUT0", "FP32", [-1]),)
+    outputs = (TensorSpec("OUTPUT0", "FP32", [-1]),)
+
+    async def infer(self, inputs: dict[str, npt.NDArray[Any]], parameters: dict[str, Any]) -> dict[str, Any]:
+        # A coroutine runs on the server's event loop: fine for work this small.
+        return {"OUTPUT0": inputs["INPUT0"]}

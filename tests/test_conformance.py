@@ -1,0 +1,425 @@
+"""The generated conformance module (`oip.conformance`) against the generated server, and against stub servers.
+
+- The generated server (`python -m oip serve`, one subprocess for the module) serves every model of
+  spec/examples/models.yaml from a repository written here (one small generic model per entry); every case must
+  pass over REST and gRPC, through the command line and case by case through the library.
+- Stub servers that know the cases show that the runner judges by the rules of models.yaml: answers that differ
+  only in harmless ways (2.0 for 2, other key order) pass; wrong answers fail, with the difference, and exit 1.
+
+`serve()` and `write_repository()` are also used by test_interop.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from conftest import GENERATED
+from google.protobuf import json_format
+from oip import conformance
+
+PYTHON = sys.executable
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Serving the generated server in a subprocess (shared with test_interop.py)
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def server_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(GENERATED) + (os.pathsep + path if path else "")}
+
+
+@contextlib.contextmanager
+def serve(repository: Path, workdir: Path, models: Sequence[str], *extra: str) -> Iterator[Server]:
+    """Start `python -m oip serve` on loopback ephemeral ports, wait (bounded) until every model in `models` is
+    ready, yield it, then stop it with SIGTERM (and kill it if it does not exit in time)."""
+    ports_file = workdir / "ports.json"
+    log = workdir / "server.log"
+    argv = [
+        PYTHON, "-m", "oip", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
+        "--http-port", "0", "--grpc-port", "0", "--ports-file", str(ports_file), *extra,
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, cwd=workdir, env=server_env(), stdout=out, stderr=subprocess.STDOUT)
+    server = Server(process, 0, 0, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"`{' '.join(argv[1:])}` exited with {process.returncode}:\n{server.log_tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server did not write {ports_file} within {START_TIMEOUT}s:\n{server.log_tail()}")
+            try:
+                ports = json.loads(ports_file.read_text())
+                server.http_port, server.grpc_port = int(ports["http"]), int(ports["grpc"])
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                time.sleep(0.05)
+        with httpx.Client(base_url=server.url, timeout=5.0, trust_env=False) as client:
+            waiting = list(models)
+            while waiting:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"models not ready within {START_TIMEOUT}s: {waiting}:\n{server.log_tail()}")
+                try:
+                    if client.get(f"/v2/models/{waiting[0]}/ready").status_code == 200:
+                        waiting.pop(0)
+                        continue
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=STOP_TIMEOUT)
+
+
+MODEL_PY = '''\
+"""Example model {name!r} of spec/examples/models.yaml: behaviour {behaviour!r}."""
+
+from oip.server.model import Model, TensorSpec
+
+
+class Example(Model):
+    platform = {platform!r}
+    inputs = [TensorSpec.of(t) for t in {inputs!r}]
+    outputs = [TensorSpec.of(t) for t in {outputs!r}]
+    behaviour = {behaviour!r}
+
+    def infer(self, inputs, parameters):
+        if self.behaviour == "add_sub":
+            a, b = (inputs[t.name] for t in self.inputs)
+            return {{self.outputs[0].name: a + b, self.outputs[1].name: a - b}}
+        # identity: output k is input k, unchanged
+        return {{o.name: inputs[i.name] for i, o in zip(self.inputs, self.outputs)}}
+'''
+
+
+def write_repository(root: Path, models: Sequence[dict[str, Any]]) -> Path:
+    """A model repository with one folder per example model: model.toml + model.py implementing its behaviour."""
+    root.mkdir(parents=True, exist_ok=True)
+    for model in models:
+        assert model["behaviour"] in ("identity", "add_sub"), model
+        folder = root / model["name"]
+        folder.mkdir()
+        versions = ", ".join(json.dumps(v) for v in model["versions"])
+        (folder / "model.toml").write_text(f'class = "model:Example"\nversions = [{versions}]\n')
+        (folder / "model.py").write_text(MODEL_PY.format(**model))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("conformance")
+    repository = write_repository(work / "models", conformance.MODELS)
+    with serve(repository, work, [m["name"] for m in conformance.MODELS]) as running:
+        yield running
+
+
+def _forms() -> int:
+    return sum(len(case.transports()) for case in conformance.CASES)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The generated server passes every case
+
+
+def test_every_case_passes_from_the_command_line(server: Server) -> None:
+    result = subprocess.run(
+        [PYTHON, "-m", "oip.conformance", "--url", server.url, "--grpc", server.grpc],
+        env=server_env(), capture_output=True, text=True, timeout=300,
+    )
+    lines = result.stdout.splitlines()
+    failures = [line for line in lines if not line.startswith("PASS")][:-1]
+    assert result.returncode == 0, "\n".join(failures) + result.stderr + "\n" + server.log_tail()
+    assert lines[-1] == f"{_forms()} passed, 0 failed"
+    assert len(lines) == _forms() + 1
+
+
+@pytest.mark.parametrize("name", [case.name for case in conformance.CASES])
+def test_case(server: Server, name: str) -> None:
+    results = conformance.run(url=server.url, grpc=server.grpc, only=[name])
+    assert results and all(r.passed for r in results), "\n".join(
+        f"{r.line()}\n    answer: {r.response[:1000]}" for r in results if not r.passed
+    )
+
+
+def test_the_server_is_still_serving_after_every_case(server: Server) -> None:
+    assert server.process.poll() is None, server.log_tail()
+    assert all(r.passed for r in conformance.run(url=server.url, grpc=server.grpc, only=["server_live"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The comparison rules (models.yaml header)
+
+
+def test_numbers_compare_by_value_but_booleans_are_not_numbers() -> None:
+    assert conformance.compare_json({"a": [2, 0.5]}, {"a": [2.0, 0.5]}) == []
+    assert conformance.compare_json(2, 3) == ["the body: expected 2, got 3"]
+    assert conformance.compare_json(True, 1) == ["the body: expected boolean true, got number 1"]
+    assert conformance.compare_json(0, False) == ["the body: expected number 0, got boolean false"]
+    assert conformance.compare_json(18446744073709551615, 1.8446744073709552e19) != []  # not by float rounding
+
+
+def test_key_order_does_not_matter_but_keys_do() -> None:
+    assert conformance.compare_json({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}) == []
+    assert conformance.compare_json({"a": {"b": 1}}, {"a": {}}) == ["a: missing key 'b' (expected 1)"]
+    # An empty `reason` is omitted (models.yaml): sending "" is a difference, not the same thing.
+    index = [{"name": "simple", "version": "1", "state": "READY"}]
+    assert conformance.compare_json(index, [{**index[0], "reason": ""}]) == ["[0]: unexpected key 'reason' = \"\""]
+    assert conformance.compare_json([1, 2], [1, 2, 3]) == ["the body: expected 2 items [1, 2], got 3 [1, 2, 3]"]
+    assert conformance.compare_json("1", 1) == ['the body: expected string "1", got number 1']
+
+
+def test_cases_and_models_are_the_spec_s() -> None:
+    import yaml
+
+    spec = GENERATED.parent / "spec" / "examples"
+    files = sorted(p for p in spec.glob("*.yaml") if p.name != "models.yaml")
+    assert [c.name for c in conformance.CASES] == [p.stem for p in files]
+    for case, path in zip(conformance.CASES, files, strict=True):
+        data = yaml.safe_load(path.read_text())
+        assert (case.operation, case.compare, case.rest, case.grpc) == (
+            data["operation"], data.get("compare"), data.get("rest"), data.get("grpc")
+        ), case.name
+    assert list(conformance.MODELS) == yaml.safe_load((spec / "models.yaml").read_text())["models"]
+
+
+def test_only_selects_by_name_or_pattern_and_rejects_unknown_names() -> None:
+    assert [c.name for c in conformance.select(["server_live"])] == ["server_live"]
+    assert {c.name for c in conformance.select(["model_ready_*"])} == {
+        "model_ready_simple", "model_ready_simple_versioned", "model_ready_unknown_model", "model_ready_unknown_version"
+    }
+    with pytest.raises(ValueError, match="no_such_case"):
+        conformance.select(["no_such_case"])
+    result = subprocess.run(
+        [PYTHON, "-m", "oip.conformance", "--only", "no_such_case"], env=server_env(), capture_output=True, text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "no_such_case" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stub servers that answer from the cases themselves, exactly (modulo harmless changes) or wrongly
+
+
+def _harmless(value: Any) -> Any:
+    """The same JSON value written differently: integers as floats (where exact), keys in reverse order."""
+    if isinstance(value, dict):
+        return {k: _harmless(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_harmless(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**53:
+        return float(value)
+    return value
+
+
+def _wrong(value: Any) -> Any:
+    """A different JSON value: booleans become numbers, numbers change, objects gain an empty `reason`."""
+    if isinstance(value, dict):
+        return {**{k: _wrong(v) for k, v in value.items()}, "reason": ""}
+    if isinstance(value, list):
+        return [_wrong(v) for v in value]
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return value + 1
+    return value
+
+
+def _rest_answer(spec: dict[str, Any], compare: str | None, wrong: bool) -> tuple[int, bytes]:
+    status = int(spec["status"])
+    if "response" not in spec:
+        return status, b"{}" if wrong else b""
+    expected = spec["response"]
+    if expected == {"error": True}:
+        body: Any = {"detail": [{"msg": "FastAPI-style"}]} if wrong else {"error": "stub says no"}
+    elif compare == "keys":
+        body = {**expected, "extra": 1} if wrong else _harmless(expected)
+    else:
+        body = _wrong(expected) if wrong else _harmless(expected)
+    return status, json.dumps(body).encode()
+
+
+class _Rest(ThreadingHTTPServer):
+    daemon_threads = True
+    answers: dict[tuple[str, str, bytes], tuple[int, bytes]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Rest
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        status, payload = self.server.answers.get((self.command, self.path, body), (404, b'{"error": "no case"}'))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+
+def _request_key(rpc: conformance.Rpc, data: bytes) -> bytes:
+    return rpc.request.FromString(data).SerializeToString(deterministic=True)
+
+
+class _GrpcStub(grpc.GenericRpcHandler):
+    def __init__(self, wrong: bool) -> None:
+        self.answers: dict[tuple[str, bytes], tuple[str, bytes]] = {}
+        for case in conformance.CASES:
+            if case.grpc is None:
+                continue
+            rpc = conformance.RPCS[case.operation]
+            key = json_format.ParseDict(case.grpc["request"], rpc.request()).SerializeToString(deterministic=True)
+            code = case.grpc["code"]
+            response = rpc.response()
+            if "response" in case.grpc:
+                json_format.ParseDict(case.grpc["response"], response)
+            if wrong:
+                if code != "OK":
+                    code = "OK"
+                elif case.compare == "keys" or not case.grpc.get("response"):
+                    code = "INTERNAL"
+                else:
+                    response = rpc.response()  # an empty answer: every expected field is missing
+            self.answers[(rpc.name, key)] = (code, response.SerializeToString())
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        name = str(handler_call_details.method).rsplit("/", 1)[-1]
+        rpc = conformance.RPCS.get(name)
+        if rpc is None:
+            return None
+
+        def behaviour(request: bytes, context: grpc.ServicerContext) -> bytes:
+            code, response = self.answers.get((name, _request_key(rpc, request)), ("NOT_FOUND", b""))
+            if code != "OK":
+                context.abort(grpc.StatusCode[code], "stub")
+            return response
+
+        def same(b: bytes) -> bytes:
+            return b
+
+        return grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=same, response_serializer=same)
+
+
+@contextlib.contextmanager
+def stub_server(wrong: bool) -> Iterator[tuple[str, str]]:
+    rest = _Rest(("127.0.0.1", 0), _Handler)
+    rest.answers = {}
+    for case in conformance.CASES:
+        if case.rest is None:
+            continue
+        spec = case.rest
+        body = json.dumps(spec["body"]).encode() if "body" in spec else str(spec.get("raw_body", "")).encode()
+        rest.answers[(spec["method"], spec["path"], body)] = _rest_answer(spec, case.compare, wrong)
+    thread = threading.Thread(target=rest.serve_forever, daemon=True)
+    thread.start()
+    rpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[_GrpcStub(wrong)])
+    port = rpc_server.add_insecure_port("127.0.0.1:0")
+    rpc_server.start()
+    try:
+        yield f"http://127.0.0.1:{rest.server_address[1]}", f"127.0.0.1:{port}"
+    finally:
+        rpc_server.stop(grace=None)
+        rest.shutdown()
+        rest.server_close()
+        thread.join(timeout=10)
+
+
+def _cli(url: str, grpc_target: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "oip.conformance", "--url", url, "--grpc", grpc_target, "--timeout", "5", *args],
+        env=server_env(), capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_equivalent_answers_pass() -> None:
+    with stub_server(wrong=False) as (url, grpc_target):
+        result = _cli(url, grpc_target)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == f"{_forms()} passed, 0 failed"
+
+
+def test_wrong_answers_fail_with_the_difference_and_exit_1() -> None:
+    with stub_server(wrong=True) as (url, grpc_target):
+        result = _cli(url, grpc_target)
+        verbose = _cli(url, grpc_target, "--only", "server_live", "--rest-only", "--verbose")
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert lines[-1] == f"0 passed, {_forms()} failed"
+    assert all(line.startswith("FAIL ") for line in lines[:-1])
+    by_case = {tuple(line.split()[1:3]): line for line in lines[:-1]}
+    assert "live: expected boolean true, got number 1" in by_case[("rest", "server_live:")]
+    assert "unexpected key 'reason'" in by_case[("rest", "server_live:")]
+    assert 'expected an error body {"error": "<message>"}' in by_case[("rest", "infer_error_unknown_model:")]
+    assert "expected an empty body" in by_case[("rest", "repository_load_simple:")]
+    assert "unexpected key 'extra'" in by_case[("rest", "server_metadata:")]
+    assert "code OK, expected NOT_FOUND" in by_case[("grpc", "infer_error_unknown_model:")]
+    assert "code INTERNAL (stub), expected OK" in by_case[("grpc", "server_metadata:")]
+    assert "missing key 'raw_output_contents'" in by_case[("grpc", "infer_simple_flat:")]
+    assert verbose.returncode == 1
+    assert verbose.stdout.splitlines() == [
+        "FAIL rest server_live: live: expected boolean true, got number 1; the body: unexpected key 'reason' = \"\"",
+        f"     {conformance.select(['server_live'])[0].summary}",
+        '     answer: 200 {"live": 1, "reason": ""}',
+        "0 passed, 1 failed",
+    ]
+
+
+def test_unreachable_transports_fail_and_absent_ones_are_skipped() -> None:
+    results = conformance.run(url="http://127.0.0.1:9", grpc=None, only=["server_live"], timeout=2)
+    assert [(r.transport, r.outcome) for r in results] == [("rest", "fail"), ("grpc", "skip")]
+    assert "failed" in results[0].detail and "--grpc" in results[1].detail
+    assert conformance.summary(results) == "0 passed, 1 failed, 1 skipped"
+    only_grpc = conformance.run(url=None, grpc="127.0.0.1:9", only=["infer_simple_raw"], transports=("rest",))
+    assert only_grpc == []

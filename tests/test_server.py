@@ -1,0 +1,844 @@
+"""The generated server over real sockets: `python -m oip serve` in a subprocess, REST (httpx) and gRPC (the
+generated stubs) on loopback.
+
+Every golden case of spec/examples is replayed over both transports against a repository built from
+spec/examples/models.yaml, and the two transports' successful answers are checked equal through `oip.convert`.
+Then what the cases cannot express: the binary tensor data extension both ways, health bodies and the
+not-ready status, draining on SIGTERM, the OpenAPI document, error bodies on unknown routes and methods, size
+limits, and a huge shape refused without allocating.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import yaml
+from conftest import GENERATED, SPEC, oipgen
+from google.protobuf import json_format
+from oip import codec, convert
+from oip.grpc import grpc_service_pb2 as pb
+from oip.grpc import grpc_service_pb2_grpc as pb_grpc
+
+EXAMPLES = SPEC / "examples"
+MODELS_YAML = EXAMPLES / "models.yaml"
+CASES = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "models.yaml")
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+TIMEOUT = 30.0
+
+SIMPLE_A = list(range(16))
+SIMPLE_B = [1] * 16
+
+# --- the model repository ---------------------------------------------------------------------------------------
+
+# One file serves every model of models.yaml: it finds its entry by its folder's name and implements the
+# behaviour the entry names (identity or add_sub), whatever the tensors are.
+EXAMPLE_MODEL = '''
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from oip.server.model import Model
+
+_ENTRY = next(m for m in yaml.safe_load(Path({models!r}).read_text())["models"] if m["name"] == {name!r})
+
+
+class Example(Model):
+    def __init__(self, name=None, **kwargs):
+        super().__init__(name, platform=_ENTRY["platform"], inputs=_ENTRY["inputs"], outputs=_ENTRY["outputs"],
+                         **kwargs)
+
+    def infer(self, inputs, parameters):
+        arrays = [inputs[t["name"]] for t in _ENTRY["inputs"]]
+        names = [t["name"] for t in _ENTRY["outputs"]]
+        if _ENTRY["behaviour"] == "add_sub":
+            with np.errstate(over="ignore"):
+                return {{names[0]: arrays[0] + arrays[1], names[1]: arrays[0] - arrays[1]}}
+        assert _ENTRY["behaviour"] == "identity", _ENTRY["behaviour"]
+        return dict(zip(names, arrays))
+'''
+
+# Models beyond models.yaml, for the tests the golden cases cannot express.
+EXTRA_MODELS = {
+    # Sleeps `delay` seconds (a request parameter) in a worker thread; first writes a `started-*` file into its
+    # folder, one per request.
+    "slow": '''
+import time
+import uuid
+from pathlib import Path
+
+from oip.server.model import Model, TensorSpec
+
+
+class Slow(Model):
+    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
+    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
+
+    def infer(self, inputs, parameters):
+        (Path(self.path) / f"started-{uuid.uuid4().hex}").write_text("1")
+        time.sleep(float(parameters.get("delay", 0)))
+        return {"OUTPUT0": inputs["INPUT0"]}
+''',
+    # Its load() fails: the model stays UNAVAILABLE and the server keeps serving the others.
+    "broken": '''
+from oip.server.model import Model, TensorSpec
+
+
+class Broken(Model):
+    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
+    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
+
+    def load(self):
+        raise RuntimeError("weights not found")
+''',
+    # Raises inside infer(): a model failure (500 / INTERNAL), never a traceback on the wire.
+    "failing": '''
+from oip.server.model import Model, TensorSpec
+
+
+class Failing(Model):
+    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
+    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
+
+    def infer(self, inputs, parameters):
+        raise ValueError("the model cannot do this")
+''',
+}
+EXTRA_CLASSES = {"slow": "Slow", "broken": "Broken", "failing": "Failing"}
+
+
+def example_models() -> list[dict[str, Any]]:
+    models: list[dict[str, Any]] = yaml.safe_load(MODELS_YAML.read_text())["models"]
+    return models
+
+
+def build_repository(root: Path, extra: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> Path:
+    """A model repository holding the models of models.yaml (or those named in `only`) and `extra` ones."""
+    root.mkdir(parents=True, exist_ok=True)
+    for model in example_models():
+        if only is not None and model["name"] not in only:
+            continue
+        folder = root / model["name"]
+        folder.mkdir()
+        versions = ", ".join(json.dumps(v) for v in model["versions"])
+        (folder / "model.toml").write_text(f'class = "model:Example"\nversions = [{versions}]\n')
+        (folder / "model.py").write_text(EXAMPLE_MODEL.format(models=str(MODELS_YAML), name=model["name"]))
+    for name in extra:
+        folder = root / name
+        folder.mkdir()
+        (folder / "model.toml").write_text(f'class = "model:{EXTRA_CLASSES[name]}"\n')
+        (folder / "model.py").write_text(textwrap.dedent(EXTRA_MODELS[name]))
+    return root
+
+
+# --- the server process -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log: Path
+    repository: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def stop(self) -> int:
+        """SIGTERM, then wait (bounded); kill if it hangs. The exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=STOP_TIMEOUT)
+                raise AssertionError("the server did not stop on SIGTERM\n" + self.log_text()) from None
+        return self.process.returncode
+
+
+def start_server(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED) -> Server:
+    """`python -m oip serve` on 127.0.0.1, ephemeral ports, waiting (bounded) until both transports listen."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ports_file = workdir / "ports.json"
+    log = workdir / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(package_dir), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "oip", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
+            "--http-port", "0", "--grpc-port", "0", "--ports-file", str(ports_file), *options]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not ports_file.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}\n{log.read_text(errors='replace')}")
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT)
+            raise AssertionError(f"the server did not start in time\n{log.read_text(errors='replace')}")
+        time.sleep(0.05)
+    ports = json.loads(ports_file.read_text())
+    return Server(process, ports["http"], ports["grpc"], log, repository)
+
+
+def running(repository: Path, workdir: Path, *options: str) -> Iterator[Server]:
+    server = start_server(repository, workdir, *options)
+    try:
+        yield server
+    finally:
+        status = server.stop()
+    assert status == 0, server.log_text()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The server the golden cases run against: exactly the models of models.yaml."""
+    root = tmp_path_factory.mktemp("cases")
+    yield from running(build_repository(root / "models"), root)
+
+
+@pytest.fixture(scope="module")
+def extra_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`simple` plus the slow, broken and failing models, with a 1 MiB message limit."""
+    root = tmp_path_factory.mktemp("extra")
+    repository = build_repository(root / "models", ("slow", "broken", "failing"), only=("simple", "identity_fp16",
+                                                                                      "identity_bytes"))
+    yield from running(repository, root, "--max-request-bytes", str(1 << 20))
+
+
+@pytest.fixture(scope="module")
+def http(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def stub(server: Server) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+# --- comparing answers ----------------------------------------------------------------------------------------
+
+
+def same(actual: Any, expected: Any) -> bool:
+    """JSON equality as models.yaml defines it: numbers by value, a boolean never equals a number."""
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(actual) is type(expected) and actual == expected
+    if isinstance(expected, int | float) and isinstance(actual, int | float):
+        if isinstance(expected, float) and math.isnan(expected):
+            return isinstance(actual, float) and math.isnan(actual)
+        return actual == expected
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and actual.keys() == expected.keys() and all(
+            same(actual[k], expected[k]) for k in expected)
+    if isinstance(expected, list):
+        return isinstance(actual, list) and len(actual) == len(expected) and all(
+            same(a, e) for a, e in zip(actual, expected, strict=True))
+    return type(actual) is type(expected) and actual == expected
+
+
+def assert_error_body(response: httpx.Response, status: int) -> str:
+    """The answer is `status` with exactly `{"error": "<message>"}` (JSON); the message."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert isinstance(body, dict) and list(body) == ["error"] and isinstance(body["error"], str), body
+    assert body["error"] and "Traceback" not in body["error"], body
+    return str(body["error"])
+
+
+def load_case(path: Path) -> dict[str, Any]:
+    case: dict[str, Any] = yaml.safe_load(path.read_text())
+    return case
+
+
+def rest_call(http: httpx.Client, rest: dict[str, Any]) -> httpx.Response:
+    if "raw_body" in rest:
+        content: bytes | None = rest["raw_body"].encode()
+    elif "body" in rest:
+        content = json.dumps(rest["body"]).encode()
+    else:
+        content = None
+    return http.request(rest["method"], rest["path"], content=content, headers=rest.get("headers"))
+
+
+def rpc_types(operation: str) -> tuple[type[Any], type[Any]]:
+    method = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[operation]
+    return (getattr(pb, method.input_type.name), getattr(pb, method.output_type.name))
+
+
+def grpc_call(stub: pb_grpc.GRPCInferenceServiceStub, operation: str, request: Any) -> tuple[grpc.StatusCode, Any]:
+    try:
+        return grpc.StatusCode.OK, getattr(stub, operation)(request, timeout=TIMEOUT)
+    except grpc.RpcError as exc:
+        return exc.code(), exc
+
+
+# --- the golden cases -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [p for p in CASES if "rest" in load_case(p)], ids=lambda p: p.stem)
+def test_case_rest(http: httpx.Client, path: Path) -> None:
+    case = load_case(path)
+    rest = case["rest"]
+    response = rest_call(http, rest)
+    if "response" not in rest:  # no body
+        assert (response.status_code, response.content) == (rest["status"], b""), response.text
+        return
+    expected = rest["response"]
+    if expected == {"error": True}:
+        assert_error_body(response, rest["status"])
+        return
+    assert response.status_code == rest["status"], response.text
+    body = response.json()
+    if case.get("compare") == "keys":
+        assert set(body) == set(expected), body
+    else:
+        assert same(body, expected), f"got {body}\nexpected {expected}"
+
+
+@pytest.mark.parametrize("path", [p for p in CASES if "grpc" in load_case(p)], ids=lambda p: p.stem)
+def test_case_grpc(stub: pb_grpc.GRPCInferenceServiceStub, path: Path) -> None:
+    case = load_case(path)
+    spec = case["grpc"]
+    request_type, response_type = rpc_types(case["operation"])
+    request = json_format.ParseDict(spec["request"], request_type())
+    code, reply = grpc_call(stub, case["operation"], request)
+    assert code.name == spec["code"], reply
+    if code is not grpc.StatusCode.OK:
+        return
+    if case.get("compare") == "keys":
+        printed = json_format.MessageToDict(reply, preserving_proto_field_name=True,
+                                            always_print_fields_with_no_presence=True)
+        assert set(printed) == set(spec["response"]), printed
+    else:
+        assert reply == json_format.ParseDict(spec.get("response", {}), response_type()), reply
+
+
+BOTH = [p for p in CASES if {"rest", "grpc"} <= load_case(p).keys() and load_case(p)["rest"]["status"] == 200]
+
+
+@pytest.mark.parametrize("path", BOTH, ids=lambda p: p.stem)
+def test_transports_agree(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, api: Any, path: Path) -> None:
+    """A successful answer over gRPC, converted to REST by `oip.convert`, is the REST answer."""
+    case = load_case(path)
+    response = rest_call(http, case["rest"])
+    rest_body = response.json() if response.content else None
+    request_type, _ = rpc_types(case["operation"])
+    request = json_format.ParseDict(case["grpc"]["request"], request_type())
+    code, reply = grpc_call(stub, case["operation"], request)
+    assert code is grpc.StatusCode.OK, reply
+    schema = api.operation(case["operation"]).rest[0].response
+    if schema is None:  # an empty answer both ways
+        assert rest_body is None and reply.ByteSize() == 0
+        return
+    rest_only = {p.name: getattr(request, p.name) for p in api.schema(schema).properties
+                 if p.field is None and p.name in request.DESCRIPTOR.fields_by_name}
+    converted = convert.proto_to_rest(schema, reply, **rest_only)
+    assert same(converted, rest_body), f"gRPC as REST: {converted}\nREST: {rest_body}"
+
+
+def test_every_case_runs_somewhere() -> None:
+    assert len(CASES) > 50
+    for path in CASES:
+        assert {"rest", "grpc"} & load_case(path).keys(), path
+
+
+# --- the binary tensor data extension ---------------------------------------------------------------------------
+
+
+def binary_request(body: dict[str, Any], *chunks: bytes) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(body).encode()
+    return header + b"".join(chunks), {"Inference-Header-Content-Length": str(len(header)),
+                                       "Content-Type": "application/octet-stream"}
+
+
+def parse_binary_response(response: httpx.Response) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The JSON header and every output as an array, whether it came as JSON data or binary data."""
+    length = response.headers.get("inference-header-content-length")
+    content = response.content
+    header = json.loads(content[:int(length)] if length is not None else content)
+    offset = int(length) if length is not None else len(content)
+    arrays: dict[str, np.ndarray] = {}
+    for output in header["outputs"]:
+        size = output.get("parameters", {}).get("binary_data_size")
+        if size is None:
+            arrays[output["name"]] = codec.from_json(output["data"], output["datatype"], output["shape"])
+        else:
+            assert "data" not in output
+            arrays[output["name"]] = codec.from_raw(content[offset:offset + size], output["datatype"], output["shape"])
+            offset += size
+    assert offset == len(content)
+    return header, arrays
+
+
+def test_binary_inputs_and_outputs(http: httpx.Client) -> None:
+    a = np.arange(16, dtype="<i4").reshape(1, 16)
+    b = np.full((1, 16), 3, dtype="<i4")
+    content, headers = binary_request({
+        "id": "bin",
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+        ],
+        "parameters": {"binary_data_output": True},
+    }, a.tobytes(), b.tobytes())
+    response = http.post("/v2/models/simple/infer", content=content, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/octet-stream"
+    header, arrays = parse_binary_response(response)
+    assert header["id"] == "bin" and header["model_name"] == "simple" and header["model_version"] == "1"
+    assert [o["parameters"] for o in header["outputs"]] == [{"binary_data_size": 64}] * 2
+    np.testing.assert_array_equal(arrays["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(arrays["OUTPUT1"], a - b)
+
+
+def test_binary_and_json_mixed(http: httpx.Client) -> None:
+    """A JSON input beside a binary one; one output binary (binary_data), the other JSON (listed without it)."""
+    a = np.arange(16, dtype="<i4").reshape(1, 16)
+    content, headers = binary_request({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": SIMPLE_B},
+        ],
+        "outputs": [{"name": "OUTPUT1", "parameters": {"binary_data": True}}, {"name": "OUTPUT0"}],
+        "parameters": {"binary_data_output": True},  # only for outputs not listed: none here
+    }, a.tobytes())
+    response = http.post("/v2/models/simple/infer", content=content, headers=headers)
+    assert response.status_code == 200, response.text
+    header, arrays = parse_binary_response(response)
+    assert [o["name"] for o in header["outputs"]] == ["OUTPUT1", "OUTPUT0"]
+    assert "data" not in header["outputs"][0] and header["outputs"][1]["data"] == [x + 1 for x in SIMPLE_A]
+    np.testing.assert_array_equal(arrays["OUTPUT1"], a - 1)
+
+
+def test_binary_bytes_and_fp16_round_trip(http: httpx.Client) -> None:
+    words = np.array([b"", b"hello", "é".encode(), b"\x00\xff"], dtype=object)
+    raw = bytes(codec.to_raw(words, "BYTES"))
+    content, headers = binary_request({
+        "inputs": [{"name": "INPUT0", "shape": [4], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }, raw)
+    response = http.post("/v2/models/identity_bytes/infer", content=content, headers=headers)
+    assert response.status_code == 200, response.text
+    _, arrays = parse_binary_response(response)
+    assert arrays["OUTPUT0"].tolist() == words.tolist()
+
+    halves = np.array([0.5, -1.25, 65504, 0], dtype="<f2")
+    content, headers = binary_request({
+        "inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP16", "parameters": {"binary_data_size": 8}}],
+        "parameters": {"binary_data_output": True},
+    }, halves.tobytes())
+    response = http.post("/v2/models/identity_fp16/infer", content=content, headers=headers)
+    assert response.status_code == 200, response.text
+    header, arrays = parse_binary_response(response)
+    assert header["outputs"][0]["datatype"] == "FP16"
+    np.testing.assert_array_equal(arrays["OUTPUT0"], halves)
+
+    # FP16 has no JSON form: asking for the output as JSON is refused, and the server goes on.
+    content, headers = binary_request({
+        "inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP16", "parameters": {"binary_data_size": 8}}],
+    }, halves.tobytes())
+    assert_error_body(http.post("/v2/models/identity_fp16/infer", content=content, headers=headers), 400)
+
+
+def test_empty_binary_output_is_plain_json(http: httpx.Client) -> None:
+    """A binary output of 0 bytes says binary_data_size 0 and adds nothing: the answer is plain JSON."""
+    body = {"inputs": [{"name": "INPUT0", "shape": [0], "datatype": "FP32", "data": []}],
+            "parameters": {"binary_data_output": True}}
+    response = http.post("/v2/models/identity_fp32/infer", json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in response.headers
+    assert response.json()["outputs"][0]["parameters"] == {"binary_data_size": 0}
+
+
+def test_json_outputs_match_python_floats(http: httpx.Client) -> None:
+    """FP32 JSON outputs print as the Python floats of the float32 values (as `codec.to_json` gives them)."""
+    values = [0.1, 1 / 3, 1e-45, 3.4028234663852886e38, -0.0]
+    body = {"inputs": [{"name": "INPUT0", "shape": [5], "datatype": "FP32", "data": values}]}
+    response = http.post("/v2/models/identity_fp32/infer", json=body)
+    assert response.status_code == 200, response.text
+    expected = codec.to_json(np.array(values, dtype=np.float32))
+    assert json.loads(response.text)["outputs"][0]["data"] == expected
+    assert json.dumps(expected, separators=(",", ":")) in response.text
+
+
+# --- health, readiness, repository -----------------------------------------------------------------------------
+
+
+def test_health_bodies(http: httpx.Client) -> None:
+    assert http.get("/v2/health/live").json() == {"live": True}
+    assert http.get("/v2/health/ready").json() == {"ready": True}
+    assert http.get("/v2/models/simple/ready").json() == {"name": "simple", "ready": True}
+    assert http.get("/v2/models/simple/versions/1/ready").json() == {"name": "simple", "ready": True}
+    assert_error_body(http.get("/v2/models/nope/ready"), 404)
+
+
+def check_not_ready(server: Server, status: int) -> None:
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http, grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        assert http.get("/v2/health/live").json() == {"live": True}
+        # `broken` failed to load: the server is not ready, and neither is the model; gRPC answers OK + false.
+        response = http.get("/v2/health/ready")
+        assert (response.status_code, response.json()) == (status, {"ready": False})
+        assert not stub.ServerReady(pb.ServerReadyRequest(), timeout=TIMEOUT).ready
+        response = http.get("/v2/models/broken/ready")
+        assert (response.status_code, response.json()) == (status, {"name": "broken", "ready": False})
+        assert not stub.ModelReady(pb.ModelReadyRequest(name="broken"), timeout=TIMEOUT).ready
+        body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]}
+        assert_error_body(http.post("/v2/models/broken/infer", json=body), status)
+        code, _ = grpc_call(stub, "ModelInfer", json_format.ParseDict(
+            {"model_name": "broken", "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1],
+                                                 "contents": {"int_contents": [1]}}]}, pb.ModelInferRequest()))
+        assert code is grpc.StatusCode.UNAVAILABLE
+        index = http.post("/v2/repository/index", json={}).json()
+        broken = next(entry for entry in index if entry["name"] == "broken")
+        assert broken["state"] == "UNAVAILABLE" and "weights not found" in broken["reason"]
+
+        # Unloading a model makes it not ready; loading it again makes it ready.
+        assert http.post("/v2/repository/models/simple/unload").status_code == 200
+        response = http.get("/v2/models/simple/ready")
+        assert (response.status_code, response.json()) == (status, {"name": "simple", "ready": False})
+        assert_error_body(http.post("/v2/models/simple/infer", json=simple_body()), status)
+        assert http.post("/v2/repository/models/simple/load").status_code == 200
+        assert http.get("/v2/models/simple/ready").json() == {"name": "simple", "ready": True}
+        check_simple(http, stub)
+
+
+def test_not_ready_is_503_by_default(extra_server: Server) -> None:
+    check_not_ready(extra_server, 503)
+
+
+def test_not_ready_status_400(tmp_path: Path) -> None:
+    repository = build_repository(tmp_path / "models", ("broken",), only=("simple",))
+    server = start_server(repository, tmp_path, "--not-ready-status", "400")
+    try:
+        check_not_ready(server, 400)
+    finally:
+        assert server.stop() == 0
+
+
+# --- a correct inference, after anything --------------------------------------------------------------------------
+
+
+def simple_body(**extra: Any) -> dict[str, Any]:
+    return {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": SIMPLE_A},
+                       {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": SIMPLE_B}], **extra}
+
+
+def simple_grpc_request() -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="simple")
+    for name, values in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.array(values, dtype="<i4").tobytes())
+    return request
+
+
+def check_simple(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """The server is live and answers a correct inference over both transports."""
+    assert http.get("/v2/health/live").json() == {"live": True}
+    response = http.post("/v2/models/simple/infer", json=simple_body(id="check"))
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    assert outputs[0]["data"] == [a + b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
+    assert outputs[1]["data"] == [a - b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
+    reply = stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT)
+    assert codec.from_raw(reply.raw_output_contents[0], "INT32", [16]).tolist() == outputs[0]["data"]
+    assert stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT).live
+
+
+# --- the OpenAPI document, routes and methods -------------------------------------------------------------------
+
+
+def test_openapi_is_the_spec(http: httpx.Client, api: Any) -> None:
+    response = http.get("/openapi.json")
+    assert response.status_code == 200
+    assert response.json() == api.openapi
+    docs = http.get("/docs")
+    assert docs.status_code == 200 and "openapi.json" in docs.text
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/nope", 404),
+    ("GET", "/v2/", 404),
+    ("GET", "/v2/models/simple/versions/1/nope", 404),
+    ("POST", "/v2", 405),
+    ("DELETE", "/v2/health/live", 405),
+    ("PUT", "/v2/models/simple/infer", 405),
+    ("GET", "/v2/models/simple/infer", 405),
+    ("POST", "/v2/repository/index/extra", 404),
+])
+def test_unknown_routes_and_methods(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, method: str,
+                                    path: str, status: int) -> None:
+    message = assert_error_body(http.request(method, path), status)
+    assert "detail" not in message
+    check_simple(http, stub)
+
+
+def test_unimplemented_operations(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """An operation of the spec the data plane does not implement has its route and method: 501 / UNIMPLEMENTED."""
+    assert_error_body(http.get("/v2/models/stats"), 501)
+    assert_error_body(http.get("/v2/models/simple/config"), 501)
+    code, _ = grpc_call(stub, "ModelStatistics", pb.ModelStatisticsRequest())
+    assert code is grpc.StatusCode.UNIMPLEMENTED
+    check_simple(http, stub)
+
+
+def test_an_rpc_added_to_the_spec_is_served_unimplemented(tmp_path: Path) -> None:
+    """Add an RPC and its REST operation to a copy of the spec, rebuild: the server has its route and its method,
+    both answering 501 / UNIMPLEMENTED until the data plane implements it."""
+    spec = tmp_path / "spec"
+    shutil.copytree(SPEC, spec)
+    proto = spec / "grpc_service.proto"
+    line = "  rpc ServerLive(ServerLiveRequest) returns (ServerLiveResponse) {}\n"
+    assert line in proto.read_text()
+    added = "\n  // Liveness, again.\n  rpc ServerLiveAgain(ServerLiveRequest) returns (ServerLiveResponse) {}\n"
+    proto.write_text(proto.read_text().replace(line, line + added, 1))
+    openapi = spec / "openapi.yaml"
+    anchor = "\n  /v2/health/live:\n"
+    assert anchor in openapi.read_text()
+    openapi.write_text(openapi.read_text().replace(anchor, textwrap.dedent("""
+          /v2/health/live_again:
+            get:
+              operationId: server_live_again
+              x-oip-rpc: ServerLiveAgain
+              tags: [health]
+              summary: Liveness, again.
+              responses:
+                '200':
+                  description: The server is live.
+                  content:
+                    application/json:
+                      schema:
+                        $ref: '#/components/schemas/ServerLiveResponse'
+        """).replace("\n", "\n  ")[:-2] + anchor[1:], 1))
+    result = oipgen("build", "-q", "--spec", str(spec), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    server = start_server(build_repository(tmp_path / "models", only=("simple",)), tmp_path,
+                          package_dir=tmp_path / "out")
+    try:
+        with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http, \
+                grpc.insecure_channel(server.target) as channel:
+            assert "ServerLiveAgain" in assert_error_body(http.get("/v2/health/live_again"), 501)
+            again: Any = channel.unary_unary("/inference.GRPCInferenceService/ServerLiveAgain")
+            with pytest.raises(grpc.RpcError) as info:
+                again(b"", timeout=TIMEOUT)
+            assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+            check_simple(http, pb_grpc.GRPCInferenceServiceStub(channel))
+    finally:
+        assert server.stop() == 0
+
+
+def test_stream_infer(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """ModelStreamInfer: one wrapped response per request; a failed request is reported in error_message."""
+    bad = pb.ModelInferRequest(model_name="nope")
+    replies = list(stub.ModelStreamInfer(iter([simple_grpc_request(), bad, simple_grpc_request()]), timeout=TIMEOUT))
+    assert [bool(r.error_message) for r in replies] == [False, True, False]
+    assert replies[0].infer_response.model_name == "simple" and len(replies[0].infer_response.raw_output_contents) == 2
+
+
+# --- limits ------------------------------------------------------------------------------------------------------
+
+
+def test_huge_shape_without_data_is_refused_without_allocating(extra_server: Server) -> None:
+    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
+            grpc.insecure_channel(extra_server.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        before = extra_server.rss_kib()
+        huge = 1_000_000_000_000
+        for body in (
+            {"inputs": [{"name": "INPUT0", "shape": [huge], "datatype": "INT32"}]},
+            {"inputs": [{"name": "INPUT0", "shape": [huge], "datatype": "INT32", "data": []}]},
+            {"inputs": [{"name": "INPUT0", "shape": [huge], "datatype": "BYTES", "data": ["a"]}]},
+        ):
+            assert_error_body(http.post("/v2/models/slow/infer", json=body), 413)
+        # Within the element limit but without the data: refused as invalid, still without allocating.
+        body = {"inputs": [{"name": "INPUT0", "shape": [200_000_000], "datatype": "INT32", "data": [1]}]}
+        assert_error_body(http.post("/v2/models/slow/infer", json=body), 400)
+        content, headers = binary_request({"inputs": [{"name": "INPUT0", "shape": [200_000_000], "datatype": "INT32",
+                                                       "parameters": {"binary_data_size": 4}}]}, b"\0\0\0\0")
+        assert_error_body(http.post("/v2/models/slow/infer", content=content, headers=headers), 400)
+        for datatype, raw in (("INT32", b"\0\0\0\0"), ("BYTES", b"\0\0\0\0")):
+            request = pb.ModelInferRequest(model_name="slow", raw_input_contents=[raw])
+            request.inputs.add(name="INPUT0", datatype=datatype, shape=[huge])
+            assert grpc_call(stub, "ModelInfer", request)[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+            request.inputs[0].shape[:] = [200_000_000]
+            assert grpc_call(stub, "ModelInfer", request)[0] is grpc.StatusCode.INVALID_ARGUMENT
+        after = extra_server.rss_kib()
+        assert after - before < 100 * 1024, (before, after)
+        check_simple(http, stub)
+
+
+def test_body_too_large_is_413(extra_server: Server) -> None:
+    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
+            grpc.insecure_channel(extra_server.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        data = [0] * 600_000  # about 1.2 MB of JSON
+        body = {"inputs": [{"name": "INPUT0", "shape": [len(data)], "datatype": "INT32", "data": data}]}
+        assert_error_body(http.post("/v2/models/slow/infer", json=body), 413)
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted while it arrives
+            yield b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [0'
+            for _ in range(300):
+                yield b"," + b"0," * 2048 + b"0"
+            yield b"]}]}"
+
+        assert_error_body(http.post("/v2/models/slow/infer", content=chunks()), 413)
+        check_simple(http, stub)
+
+
+def test_grpc_message_too_large(extra_server: Server) -> None:
+    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
+            grpc.insecure_channel(extra_server.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        count = 300_000  # 1.2 MB of raw INT32
+        request = pb.ModelInferRequest(model_name="slow", raw_input_contents=[bytes(4 * count)])
+        request.inputs.add(name="INPUT0", datatype="INT32", shape=[count])
+        assert grpc_call(stub, "ModelInfer", request)[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+        check_simple(http, stub)
+
+
+def test_model_failure_is_500_without_traceback(extra_server: Server) -> None:
+    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
+            grpc.insecure_channel(extra_server.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]}
+        message = assert_error_body(http.post("/v2/models/failing/infer", json=body), 500)
+        assert "the model cannot do this" in message
+        code, error = grpc_call(stub, "ModelInfer", json_format.ParseDict(
+            {"model_name": "failing", "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1],
+                                                  "contents": {"int_contents": [1]}}]}, pb.ModelInferRequest()))
+        assert code is grpc.StatusCode.INTERNAL and "Traceback" not in error.details()
+        check_simple(http, stub)
+
+
+# --- stopping ----------------------------------------------------------------------------------------------------
+
+
+def wait_started(folder: Path, count: int) -> None:
+    """Wait (bounded) until the slow model has started `count` requests."""
+    deadline = time.monotonic() + TIMEOUT
+    while len(list(folder.glob("started-*"))) < count:
+        assert time.monotonic() < deadline, "the slow model did not start"
+        time.sleep(0.01)
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
+    """SIGTERM while a slow request runs on each transport: both complete, new connections are refused, exit 0."""
+    repository = build_repository(tmp_path / "models", ("slow",), only=("simple",))
+    server = start_server(repository, tmp_path)
+    results: dict[str, Any] = {}
+
+    def rest_call_slow() -> None:
+        body = {"parameters": {"delay": 3},
+                "inputs": [{"name": "INPUT0", "shape": [3], "datatype": "INT32", "data": [1, 2, 3]}]}
+        try:
+            results["rest"] = httpx.post(f"{server.url}/v2/models/slow/infer", json=body, timeout=TIMEOUT)
+        except Exception as exc:  # reported by the assertions below
+            results["rest"] = exc
+
+    def grpc_call_slow() -> None:
+        request = pb.ModelInferRequest(model_name="slow", raw_input_contents=[np.array([4, 5], "<i4").tobytes()])
+        request.parameters["delay"].double_param = 3
+        request.inputs.add(name="INPUT0", datatype="INT32", shape=[2])
+        with grpc.insecure_channel(server.target) as channel:
+            results["grpc"] = grpc_call(pb_grpc.GRPCInferenceServiceStub(channel), "ModelInfer", request)
+
+    try:
+        threads = [threading.Thread(target=rest_call_slow), threading.Thread(target=grpc_call_slow)]
+        for thread in threads:
+            thread.start()
+        wait_started(repository / "slow", 2)  # both requests are in flight, each in its own worker thread
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 2
+        while True:  # soon, new connections are refused while the two requests still run
+            try:
+                httpx.get(f"{server.url}/v2/health/live", timeout=1)
+            except httpx.TransportError:
+                break
+            assert time.monotonic() < deadline, "the server still takes connections after SIGTERM"
+            time.sleep(0.05)
+        assert server.process.poll() is None and not results
+        for thread in threads:
+            thread.join(timeout=TIMEOUT)
+        assert server.process.wait(timeout=STOP_TIMEOUT) == 0, server.log_text()
+    finally:
+        server.stop()
+    rest = results["rest"]
+    assert isinstance(rest, httpx.Response) and rest.status_code == 200, rest
+    assert rest.json()["outputs"][0]["data"] == [1, 2, 3]
+    code, reply = results["grpc"]
+    assert code is grpc.StatusCode.OK, reply
+    assert codec.from_raw(reply.raw_output_contents[0], "INT32", [2]).tolist() == [4, 5]
+    log = server.log_text()
+    assert "draining" in log and "Traceback" not in log, log
+
+
+def test_second_sigterm_stops_at_once(tmp_path: Path) -> None:
+    repository = build_repository(tmp_path / "models", ("slow",), only=())
+    server = start_server(repository, tmp_path)
+    body = {"parameters": {"delay": 20}, "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    failures: list[Exception] = []
+
+    def call() -> None:
+        try:
+            httpx.post(f"{server.url}/v2/models/slow/infer", json=body, timeout=5)
+        except httpx.TransportError as exc:  # expected: the server went away
+            failures.append(exc)
+
+    thread = threading.Thread(target=call)
+    try:
+        thread.start()
+        wait_started(repository / "slow", 1)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=10) == 128 + signal.SIGTERM
+        thread.join(timeout=TIMEOUT)
+    finally:
+        server.process.kill()
+        server.process.wait(timeout=STOP_TIMEOUT)
+    assert failures and "stopping now" in server.log_text()
+
+
+def test_serve_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "oip", "serve", "--help"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(GENERATED)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for option in ("--model-repository", "--http-port", "--grpc-port", "--not-ready-status", "--ports-file",
+                   "--log-level", "--access-log", "--max-request-bytes"):
+        assert option in result.stdout
