@@ -251,13 +251,6 @@ def test_http_compressed_responses(http: httpclient.InferenceServerClient) -> No
 # yet. Strict: when the server gains the feature, these start passing and must lose their mark.
 
 
-@pytest.mark.xfail(strict=True, raises=InferenceServerException, reason=(
-    "REST request bodies with Content-Encoding gzip/deflate are not inflated: tritonclient's "
-    "request_compression_algorithm compresses the whole body (JSON header + binary) and sets "
-    "Content-Encoding and Inference-Header-Content-Length (uncompressed JSON size); the server reads the "
-    "compressed bytes as-is and answers 400 'Inference-Header-Content-Length N is out of range for a body of M "
-    "bytes' (a JSON-only body would not parse). Triton inflates both."
-))
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_http_compressed_requests(http: httpclient.InferenceServerClient, algorithm: str) -> None:
     _check_simple(http.infer("simple", _simple_inputs(httpclient), request_compression_algorithm=algorithm))

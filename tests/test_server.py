@@ -721,6 +721,28 @@ def test_body_too_large_is_413(extra_server: Server) -> None:
         check_simple(http, stub)
 
 
+def test_compressed_bodies_are_inflated_within_the_limit(extra_server: Server) -> None:
+    import gzip
+    import zlib
+
+    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
+            grpc.insecure_channel(extra_server.target) as channel:
+        body = {"inputs": [{"name": "INPUT0", "shape": [3], "datatype": "INT32", "data": [1, 2, 3]}]}
+        raw = json.dumps(body).encode()
+        for encoding, packed in (("gzip", gzip.compress(raw)), ("deflate", zlib.compress(raw))):
+            reply = http.post("/v2/models/slow/infer", content=packed, headers={"Content-Encoding": encoding})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["outputs"][0]["data"] == [1, 2, 3]
+        # A small body that would inflate past the limit is refused without inflating it all.
+        bomb = gzip.compress(b'{"inputs": [' + b" " * (4 * 1024 * 1024) + b"]}")
+        assert len(bomb) < 20_000
+        assert_error_body(http.post("/v2/models/slow/infer", content=bomb, headers={"Content-Encoding": "gzip"}), 413)
+        assert_error_body(http.post("/v2/models/slow/infer", content=b"not gzip",
+                                    headers={"Content-Encoding": "gzip"}), 400)
+        assert_error_body(http.post("/v2/models/slow/infer", content=raw, headers={"Content-Encoding": "br"}), 400)
+        check_simple(http, pb_grpc.GRPCInferenceServiceStub(channel))
+
+
 def test_grpc_message_too_large(extra_server: Server) -> None:
     with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
             grpc.insecure_channel(extra_server.target) as channel:

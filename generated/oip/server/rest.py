@@ -22,6 +22,7 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -496,7 +497,28 @@ async def _read_body(request: Request, limit: int) -> bytes:
             if total > limit:
                 raise TooLarge(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "deflate"):
+        return _inflate(body, encoding, limit)
+    raise InvalidRequest(f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or identity")
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """A compressed body, inflated to at most `limit` bytes (a small body cannot expand without bound)."""
+    wbits = zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidRequest(f"request body is not valid {encoding} data: {exc}") from None
+    if len(data) > limit:
+        raise TooLarge(f"request body inflates beyond the limit of {limit} bytes")
+    if not inflater.eof:
+        raise InvalidRequest(f"request body is truncated {encoding} data")
+    return data
 
 
 def _parse_json(data: bytes | memoryview, what: str) -> Any:
