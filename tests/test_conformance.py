@@ -1,163 +1,39 @@
 """The generated conformance module (`oip.conformance`) against the generated server, and against stub servers.
 
 - The generated server (`python -m oip serve`, one subprocess for the module) serves every model of
-  spec/examples/models.yaml from a repository written here (one small generic model per entry); every case must
-  pass over REST and gRPC, through the command line and case by case through the library.
+  spec/examples/models.yaml from a repository written by serving.py (one small generic model per entry); every
+  case must pass over REST and gRPC, through the command line and case by case through the library.
 - Stub servers that know the cases show that the runner judges by the rules of models.yaml: answers that differ
   only in harmless ways (2.0 for 2, other key order) pass; wrong answers fail, with the difference, and exit 1.
-
-`serve()` and `write_repository()` are also used by test_interop.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 from conftest import GENERATED
 from google.protobuf import json_format
 from oip import conformance
+from serving import Server, build_repository, running, server_env
 
 PYTHON = sys.executable
-START_TIMEOUT = 60.0
-STOP_TIMEOUT = 20.0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Serving the generated server in a subprocess (shared with test_interop.py)
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    http_port: int
-    grpc_port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-def server_env() -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(GENERATED) + (os.pathsep + path if path else "")}
-
-
-@contextlib.contextmanager
-def serve(repository: Path, workdir: Path, models: Sequence[str], *extra: str) -> Iterator[Server]:
-    """Start `python -m oip serve` on loopback ephemeral ports, wait (bounded) until every model in `models` is
-    ready, yield it, then stop it with SIGTERM (and kill it if it does not exit in time)."""
-    ports_file = workdir / "ports.json"
-    log = workdir / "server.log"
-    argv = [
-        PYTHON, "-m", "oip", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
-        "--http-port", "0", "--grpc-port", "0", "--ports-file", str(ports_file), *extra,
-    ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, cwd=workdir, env=server_env(), stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, 0, 0, log)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"`{' '.join(argv[1:])}` exited with {process.returncode}:\n{server.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not write {ports_file} within {START_TIMEOUT}s:\n{server.log_tail()}")
-            try:
-                ports = json.loads(ports_file.read_text())
-                server.http_port, server.grpc_port = int(ports["http"]), int(ports["grpc"])
-                break
-            except (OSError, ValueError, KeyError, TypeError):
-                time.sleep(0.05)
-        with httpx.Client(base_url=server.url, timeout=5.0, trust_env=False) as client:
-            waiting = list(models)
-            while waiting:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"models not ready within {START_TIMEOUT}s: {waiting}:\n{server.log_tail()}")
-                try:
-                    if client.get(f"/v2/models/{waiting[0]}/ready").status_code == 200:
-                        waiting.pop(0)
-                        continue
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=STOP_TIMEOUT)
-
-
-MODEL_PY = '''\
-"""Example model {name!r} of spec/examples/models.yaml: behaviour {behaviour!r}."""
-
-from oip.server.model import Model, TensorSpec
-
-
-class Example(Model):
-    platform = {platform!r}
-    inputs = [TensorSpec.of(t) for t in {inputs!r}]
-    outputs = [TensorSpec.of(t) for t in {outputs!r}]
-    behaviour = {behaviour!r}
-
-    def infer(self, inputs, parameters):
-        if self.behaviour == "add_sub":
-            a, b = (inputs[t.name] for t in self.inputs)
-            return {{self.outputs[0].name: a + b, self.outputs[1].name: a - b}}
-        # identity: output k is input k, unchanged
-        return {{o.name: inputs[i.name] for i, o in zip(self.inputs, self.outputs)}}
-'''
-
-
-def write_repository(root: Path, models: Sequence[dict[str, Any]]) -> Path:
-    """A model repository with one folder per example model: model.toml + model.py implementing its behaviour."""
-    root.mkdir(parents=True, exist_ok=True)
-    for model in models:
-        assert model["behaviour"] in ("identity", "add_sub"), model
-        folder = root / model["name"]
-        folder.mkdir()
-        versions = ", ".join(json.dumps(v) for v in model["versions"])
-        (folder / "model.toml").write_text(f'class = "model:Example"\nversions = [{versions}]\n')
-        (folder / "model.py").write_text(MODEL_PY.format(**model))
-    return root
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     work = tmp_path_factory.mktemp("conformance")
-    repository = write_repository(work / "models", conformance.MODELS)
-    with serve(repository, work, [m["name"] for m in conformance.MODELS]) as running:
-        yield running
+    with running(build_repository(work / "models"), work, ready=[m["name"] for m in conformance.MODELS]) as server:
+        yield server
 
 
 def _forms() -> int:
@@ -170,7 +46,7 @@ def _forms() -> int:
 
 def test_every_case_passes_from_the_command_line(server: Server) -> None:
     result = subprocess.run(
-        [PYTHON, "-m", "oip.conformance", "--url", server.url, "--grpc", server.grpc],
+        [PYTHON, "-m", "oip.conformance", "--url", server.url, "--grpc", server.target],
         env=server_env(), capture_output=True, text=True, timeout=300,
     )
     lines = result.stdout.splitlines()
@@ -182,7 +58,7 @@ def test_every_case_passes_from_the_command_line(server: Server) -> None:
 
 @pytest.mark.parametrize("name", [case.name for case in conformance.CASES])
 def test_case(server: Server, name: str) -> None:
-    results = conformance.run(url=server.url, grpc=server.grpc, only=[name])
+    results = conformance.run(url=server.url, grpc=server.target, only=[name])
     assert results and all(r.passed for r in results), "\n".join(
         f"{r.line()}\n    answer: {r.response[:1000]}" for r in results if not r.passed
     )
@@ -190,7 +66,7 @@ def test_case(server: Server, name: str) -> None:
 
 def test_the_server_is_still_serving_after_every_case(server: Server) -> None:
     assert server.process.poll() is None, server.log_tail()
-    assert all(r.passed for r in conformance.run(url=server.url, grpc=server.grpc, only=["server_live"]))
+    assert all(r.passed for r in conformance.run(url=server.url, grpc=server.target, only=["server_live"]))
 
 
 # ---------------------------------------------------------------------------------------------------------------

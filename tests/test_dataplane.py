@@ -673,22 +673,20 @@ async def test_concurrent_load_and_unload_of_one_model_do_not_race() -> None:
     events: list[str] = []
     active = 0
 
+    async def hook(event: str) -> None:
+        nonlocal active
+        active += 1
+        assert active == 1, "two hooks ran at once"
+        events.append(event)
+        await asyncio.sleep(0.01)
+        active -= 1
+
     class Slow(Identity):
         async def load(self) -> None:
-            nonlocal active
-            active += 1
-            assert active == 1, "two hooks ran at once"
-            events.append("load")
-            await asyncio.sleep(0.01)
-            active -= 1
+            await hook("load")
 
         async def unload(self) -> None:
-            nonlocal active
-            active += 1
-            assert active == 1, "two hooks ran at once"
-            events.append("unload")
-            await asyncio.sleep(0.01)
-            active -= 1
+            await hook("unload")
 
     model = Slow("slow")
     repository = ModelRepository()

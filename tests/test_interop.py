@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -34,7 +33,7 @@ import tritonclient.http.aio as httpclient_aio
 from conftest import ROOT
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc.grpc_service_pb2_grpc import GRPCInferenceServiceStub
-from test_conformance import Server, serve, server_env
+from serving import Server, running, server_env
 from tritonclient.utils import InferenceServerException
 
 EXAMPLES = ROOT / "examples" / "models"
@@ -53,8 +52,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repository = work / "models"
     for name in MODELS:  # a copy, so that importing the models writes nothing into the source tree
         shutil.copytree(EXAMPLES / name, repository / name, ignore=shutil.ignore_patterns("__pycache__"))
-    with serve(repository, work, MODELS) as running:
-        yield running
+    with running(repository, work, ready=MODELS) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,7 @@ def http(server: Server) -> Iterator[httpclient.InferenceServerClient]:
 
 @pytest.fixture(scope="module")
 def grpc_client(server: Server) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(url=server.grpc)
+    client = grpcclient.InferenceServerClient(url=server.target)
     yield client
     client.close()
 
@@ -89,13 +88,13 @@ def _check_simple(result: Any) -> None:
 
 def _server_rest_error(server: Server, path: str, body: Any = None) -> tuple[int, str]:
     """What the server answers to a request, read without tritonclient: status and `error` message."""
-    with httpx.Client(base_url=server.url, trust_env=False, timeout=10) as client:
+    with server.http_client(timeout=10) as client:
         answer = client.request("POST" if body is not None else "GET", path, json=body)
     return answer.status_code, answer.json()["error"]
 
 
 def _server_grpc_error(server: Server, method: str, request: Any) -> tuple[grpc.StatusCode, str]:
-    with grpc.insecure_channel(server.grpc) as channel:
+    with server.channel() as channel:
         try:
             getattr(GRPCInferenceServiceStub(channel), method)(request, timeout=10)
         except grpc.RpcError as exc:
@@ -390,7 +389,7 @@ def test_grpc_repository_index(grpc_client: grpcclient.InferenceServerClient) ->
 
 def test_grpc_aio(server: Server) -> None:
     async def main() -> None:
-        client = grpcclient_aio.InferenceServerClient(url=server.grpc)
+        client = grpcclient_aio.InferenceServerClient(url=server.target)
         try:
             assert await client.is_server_live()
             assert await client.is_server_ready()
@@ -563,7 +562,7 @@ def kserve_results(server: Server, tmp_path_factory: pytest.TempPathFactory) -> 
     script.write_text(KSERVE_SCRIPT)
     env = {k: v for k, v in server_env().items() if k != "PYTHONPATH"}  # kserve's own protos only: no `oip` needed
     result = subprocess.run(
-        [sys.executable, str(script), server.url, server.grpc], capture_output=True, text=True, timeout=300,
+        [sys.executable, str(script), server.url, server.target], capture_output=True, text=True, timeout=300,
         env=env, cwd=script.parent,
     )
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
