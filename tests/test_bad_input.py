@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import json_format
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
-from test_server import (
+from serving import (
     SIMPLE_A,
     SIMPLE_B,
     TIMEOUT,
@@ -33,18 +33,19 @@ LIMIT = 1 << 20  # the server's --max-request-bytes
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("bad_input")
-    yield from running(build_repository(root / "models", ("failing",)), root, "--max-request-bytes", str(LIMIT))
+    with running(build_repository(root / "models", ("failing",)), root, "--max-request-bytes", str(LIMIT)) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:
+    with server.http_client() as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def stub(server: Server) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
+    with server.channel() as channel:
         yield pb_grpc.GRPCInferenceServiceStub(channel)
 
 
@@ -190,8 +191,11 @@ REST: list[tuple[str, str, str, Any, int]] = [
     ("header_length_beyond_body", "POST", "/v2/models/simple/infer",
      binary(simple(BIN0, INPUT1), I32, length=10**6), 400),
     ("header_length_negative", "POST", "/v2/models/simple/infer", binary(simple(BIN0, INPUT1), I32, length=-1), 400),
-    ("header_length_zero", "POST", "/v2/models/identity_int32/infer", (I32, {"Inference-Header-Content-Length": "0"}),
-     400),
+    # No JSON header: the body is the single input's data, so a model with two inputs cannot take it.
+    ("header_length_zero_two_inputs", "POST", "/v2/models/simple/infer",
+     (I32 + I32, {"Inference-Header-Content-Length": "0"}), 400),
+    ("header_length_zero_size_not_the_shape", "POST", "/v2/models/identity_int32/infer",
+     (I32[:-1], {"Inference-Header-Content-Length": "0"}), 400),
     ("header_length_cuts_json", "POST", "/v2/models/simple/infer", binary(simple(BIN0, INPUT1), I32, length=20), 400),
     ("binary_bytes_truncated", "POST", "/v2/models/identity_bytes/infer",
      binary({"inputs": [tensor(shape=[1], datatype="BYTES", data=None, parameters={"binary_data_size": 6})]},
@@ -354,7 +358,7 @@ def test_grpc(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, method
 
 def test_unknown_rpc(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, server: Server) -> None:
     """A method the service does not have (Triton's trace settings, say) is UNIMPLEMENTED."""
-    with grpc.insecure_channel(server.target) as channel:
+    with server.channel() as channel:
         call: Any = channel.unary_unary("/inference.GRPCInferenceService/TraceSetting")
         with pytest.raises(grpc.RpcError) as info:
             call(b"", timeout=TIMEOUT)
@@ -366,12 +370,12 @@ def test_unknown_rpc(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub,
 def test_undecodable_message(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, server: Server,
                              data: bytes) -> None:
     """Bytes that are not a ModelInferRequest: INVALID_ARGUMENT, as any other malformed request."""
-    with grpc.insecure_channel(server.target) as channel:
+    with server.channel() as channel:
         unary: Any = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         with pytest.raises(grpc.RpcError) as info:
             unary(data, timeout=TIMEOUT)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
-    with grpc.insecure_channel(server.target) as channel:
+    with server.channel() as channel:
         stream: Any = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
         with pytest.raises(grpc.RpcError) as info:
             list(stream(iter([data]), timeout=TIMEOUT))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,6 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,223 +28,59 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import GENERATED, SPEC, oipgen
+from conftest import SPEC, oipgen
 from google.protobuf import json_format
 from oip import codec, convert
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
+from serving import (
+    EXAMPLES,
+    SIMPLE_A,
+    SIMPLE_B,
+    STOP_TIMEOUT,
+    TIMEOUT,
+    Server,
+    assert_error_body,
+    build_repository,
+    check_simple,
+    grpc_call,
+    running,
+    server_env,
+    simple_body,
+    simple_grpc_request,
+    start_server,
+)
 
-EXAMPLES = SPEC / "examples"
-MODELS_YAML = EXAMPLES / "models.yaml"
 CASES = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "models.yaml")
-START_TIMEOUT = 60.0
-STOP_TIMEOUT = 30.0
-TIMEOUT = 30.0
-
-SIMPLE_A = list(range(16))
-SIMPLE_B = [1] * 16
-
-# --- the model repository ---------------------------------------------------------------------------------------
-
-# One file serves every model of models.yaml: it finds its entry by its folder's name and implements the
-# behaviour the entry names (identity or add_sub), whatever the tensors are.
-EXAMPLE_MODEL = '''
-from pathlib import Path
-
-import numpy as np
-import yaml
-
-from oip.server.model import Model
-
-_ENTRY = next(m for m in yaml.safe_load(Path({models!r}).read_text())["models"] if m["name"] == {name!r})
-
-
-class Example(Model):
-    def __init__(self, name=None, **kwargs):
-        super().__init__(name, platform=_ENTRY["platform"], inputs=_ENTRY["inputs"], outputs=_ENTRY["outputs"],
-                         **kwargs)
-
-    def infer(self, inputs, parameters):
-        arrays = [inputs[t["name"]] for t in _ENTRY["inputs"]]
-        names = [t["name"] for t in _ENTRY["outputs"]]
-        if _ENTRY["behaviour"] == "add_sub":
-            with np.errstate(over="ignore"):
-                return {{names[0]: arrays[0] + arrays[1], names[1]: arrays[0] - arrays[1]}}
-        assert _ENTRY["behaviour"] == "identity", _ENTRY["behaviour"]
-        return dict(zip(names, arrays))
-'''
-
-# Models beyond models.yaml, for the tests the golden cases cannot express.
-EXTRA_MODELS = {
-    # Sleeps `delay` seconds (a request parameter) in a worker thread; first writes a `started-*` file into its
-    # folder, one per request.
-    "slow": '''
-import time
-import uuid
-from pathlib import Path
-
-from oip.server.model import Model, TensorSpec
-
-
-class Slow(Model):
-    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
-    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
-
-    def infer(self, inputs, parameters):
-        (Path(self.path) / f"started-{uuid.uuid4().hex}").write_text("1")
-        time.sleep(float(parameters.get("delay", 0)))
-        return {"OUTPUT0": inputs["INPUT0"]}
-''',
-    # Its load() fails: the model stays UNAVAILABLE and the server keeps serving the others.
-    "broken": '''
-from oip.server.model import Model, TensorSpec
-
-
-class Broken(Model):
-    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
-    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
-
-    def load(self):
-        raise RuntimeError("weights not found")
-''',
-    # Raises inside infer(): a model failure (500 / INTERNAL), never a traceback on the wire.
-    "failing": '''
-from oip.server.model import Model, TensorSpec
-
-
-class Failing(Model):
-    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
-    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
-
-    def infer(self, inputs, parameters):
-        raise ValueError("the model cannot do this")
-''',
-}
-EXTRA_CLASSES = {"slow": "Slow", "broken": "Broken", "failing": "Failing"}
-
-
-def example_models() -> list[dict[str, Any]]:
-    models: list[dict[str, Any]] = yaml.safe_load(MODELS_YAML.read_text())["models"]
-    return models
-
-
-def build_repository(root: Path, extra: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> Path:
-    """A model repository holding the models of models.yaml (or those named in `only`) and `extra` ones."""
-    root.mkdir(parents=True, exist_ok=True)
-    for model in example_models():
-        if only is not None and model["name"] not in only:
-            continue
-        folder = root / model["name"]
-        folder.mkdir()
-        versions = ", ".join(json.dumps(v) for v in model["versions"])
-        (folder / "model.toml").write_text(f'class = "model:Example"\nversions = [{versions}]\n')
-        (folder / "model.py").write_text(EXAMPLE_MODEL.format(models=str(MODELS_YAML), name=model["name"]))
-    for name in extra:
-        folder = root / name
-        folder.mkdir()
-        (folder / "model.toml").write_text(f'class = "model:{EXTRA_CLASSES[name]}"\n')
-        (folder / "model.py").write_text(textwrap.dedent(EXTRA_MODELS[name]))
-    return root
-
-
-# --- the server process -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    http_port: int
-    grpc_port: int
-    log: Path
-    repository: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def stop(self) -> int:
-        """SIGTERM, then wait (bounded); kill if it hangs. The exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=STOP_TIMEOUT)
-                raise AssertionError("the server did not stop on SIGTERM\n" + self.log_text()) from None
-        return self.process.returncode
-
-
-def start_server(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED) -> Server:
-    """`python -m oip serve` on 127.0.0.1, ephemeral ports, waiting (bounded) until both transports listen."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    ports_file = workdir / "ports.json"
-    log = workdir / "server.log"
-    env = {**os.environ, "PYTHONPATH": str(package_dir), "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "oip", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
-            "--http-port", "0", "--grpc-port", "0", "--ports-file", str(ports_file), *options]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir)
-    deadline = time.monotonic() + START_TIMEOUT
-    while not ports_file.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited with {process.returncode}\n{log.read_text(errors='replace')}")
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait(timeout=STOP_TIMEOUT)
-            raise AssertionError(f"the server did not start in time\n{log.read_text(errors='replace')}")
-        time.sleep(0.05)
-    ports = json.loads(ports_file.read_text())
-    return Server(process, ports["http"], ports["grpc"], log, repository)
-
-
-def running(repository: Path, workdir: Path, *options: str) -> Iterator[Server]:
-    server = start_server(repository, workdir, *options)
-    try:
-        yield server
-    finally:
-        status = server.stop()
-    assert status == 0, server.log_text()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The server the golden cases run against: exactly the models of models.yaml."""
     root = tmp_path_factory.mktemp("cases")
-    yield from running(build_repository(root / "models"), root)
+    with running(build_repository(root / "models"), root) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def extra_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """`simple` plus the slow, broken and failing models, with a 1 MiB message limit."""
+    """`simple` plus the slow, broken, failing and byte_count models, with a 1 MiB message limit."""
     root = tmp_path_factory.mktemp("extra")
-    repository = build_repository(root / "models", ("slow", "broken", "failing"), only=("simple", "identity_fp16",
-                                                                                      "identity_bytes"))
-    yield from running(repository, root, "--max-request-bytes", str(1 << 20))
+    repository = build_repository(root / "models", ("slow", "broken", "failing", "byte_count"),
+                                  only=("simple", "identity_fp16", "identity_bytes"))
+    with running(repository, root, "--max-request-bytes", str(1 << 20)) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:
+    with server.http_client() as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def stub(server: Server) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
+    with server.channel() as channel:
         yield pb_grpc.GRPCInferenceServiceStub(channel)
 
 
@@ -270,16 +104,6 @@ def same(actual: Any, expected: Any) -> bool:
     return type(actual) is type(expected) and actual == expected
 
 
-def assert_error_body(response: httpx.Response, status: int) -> str:
-    """The answer is `status` with exactly `{"error": "<message>"}` (JSON); the message."""
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    body = response.json()
-    assert isinstance(body, dict) and list(body) == ["error"] and isinstance(body["error"], str), body
-    assert body["error"] and "Traceback" not in body["error"], body
-    return str(body["error"])
-
-
 def load_case(path: Path) -> dict[str, Any]:
     case: dict[str, Any] = yaml.safe_load(path.read_text())
     return case
@@ -298,13 +122,6 @@ def rest_call(http: httpx.Client, rest: dict[str, Any]) -> httpx.Response:
 def rpc_types(operation: str) -> tuple[type[Any], type[Any]]:
     method = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[operation]
     return (getattr(pb, method.input_type.name), getattr(pb, method.output_type.name))
-
-
-def grpc_call(stub: pb_grpc.GRPCInferenceServiceStub, operation: str, request: Any) -> tuple[grpc.StatusCode, Any]:
-    try:
-        return grpc.StatusCode.OK, getattr(stub, operation)(request, timeout=TIMEOUT)
-    except grpc.RpcError as exc:
-        return exc.code(), exc
 
 
 # --- the golden cases -------------------------------------------------------------------------------------------
@@ -475,6 +292,32 @@ def test_binary_bytes_and_fp16_round_trip(http: httpx.Client) -> None:
     assert_error_body(http.post("/v2/models/identity_fp16/infer", content=content, headers=headers), 400)
 
 
+def test_raw_binary_request_without_json_header(http: httpx.Client, extra_server: Server) -> None:
+    """Inference-Header-Content-Length: 0: the body is the data of the model's only input; outputs come binary."""
+    values = np.array([0.5, -2.0, 3.25], dtype="<f4")
+    response = http.post("/v2/models/identity_fp32/infer", content=values.tobytes(),
+                         headers={"Inference-Header-Content-Length": "0"})
+    assert response.status_code == 200, response.text
+    header, arrays = parse_binary_response(response)
+    assert header["outputs"][0]["shape"] == [3] and header["outputs"][0]["parameters"] == {"binary_data_size": 12}
+    np.testing.assert_array_equal(arrays["OUTPUT0"], values)
+    # The body's size must fit the declared shape; a model with two inputs cannot take one.
+    assert_error_body(http.post("/v2/models/identity_fp32/infer", content=b"\0" * 6,
+                                headers={"Inference-Header-Content-Length": "0"}), 400)
+    assert_error_body(http.post("/v2/models/simple/infer", content=b"\0" * 128,
+                                headers={"Inference-Header-Content-Length": "0"}), 400)
+    with extra_server.clients() as (extra, _):
+        # BYTES: the whole body is the one element of an input declared [1] (an image file, say).
+        blob = bytes(range(256)) * 3
+        response = extra.post("/v2/models/byte_count/infer", content=blob,
+                              headers={"Inference-Header-Content-Length": "0"})
+        assert response.status_code == 200, response.text
+        assert parse_binary_response(response)[1]["OUTPUT0"].tolist() == [len(blob)]
+        # A BYTES input of any other shape cannot say where its elements end.
+        assert_error_body(extra.post("/v2/models/identity_bytes/infer", content=b"abc",
+                                     headers={"Inference-Header-Content-Length": "0"}), 400)
+
+
 def test_empty_binary_output_is_plain_json(http: httpx.Client) -> None:
     """A binary output of 0 bytes says binary_data_size 0 and adds nothing: the answer is plain JSON."""
     body = {"inputs": [{"name": "INPUT0", "shape": [0], "datatype": "FP32", "data": []}],
@@ -509,8 +352,7 @@ def test_health_bodies(http: httpx.Client) -> None:
 
 
 def check_not_ready(server: Server, status: int) -> None:
-    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http, grpc.insecure_channel(server.target) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    with server.clients() as (http, stub):
         assert http.get("/v2/health/live").json() == {"live": True}
         # `broken` failed to load: the server is not ready, and neither is the model; gRPC answers OK + false.
         response = http.get("/v2/health/ready")
@@ -545,40 +387,8 @@ def test_not_ready_is_503_by_default(extra_server: Server) -> None:
 
 def test_not_ready_status_400(tmp_path: Path) -> None:
     repository = build_repository(tmp_path / "models", ("broken",), only=("simple",))
-    server = start_server(repository, tmp_path, "--not-ready-status", "400")
-    try:
+    with running(repository, tmp_path, "--not-ready-status", "400") as server:
         check_not_ready(server, 400)
-    finally:
-        assert server.stop() == 0
-
-
-# --- a correct inference, after anything --------------------------------------------------------------------------
-
-
-def simple_body(**extra: Any) -> dict[str, Any]:
-    return {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": SIMPLE_A},
-                       {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": SIMPLE_B}], **extra}
-
-
-def simple_grpc_request() -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name="simple")
-    for name, values in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
-        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        request.raw_input_contents.append(np.array(values, dtype="<i4").tobytes())
-    return request
-
-
-def check_simple(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    """The server is live and answers a correct inference over both transports."""
-    assert http.get("/v2/health/live").json() == {"live": True}
-    response = http.post("/v2/models/simple/infer", json=simple_body(id="check"))
-    assert response.status_code == 200, response.text
-    outputs = response.json()["outputs"]
-    assert outputs[0]["data"] == [a + b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
-    assert outputs[1]["data"] == [a - b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
-    reply = stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT)
-    assert codec.from_raw(reply.raw_output_contents[0], "INT32", [16]).tolist() == outputs[0]["data"]
-    assert stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT).live
 
 
 # --- the OpenAPI document, routes and methods -------------------------------------------------------------------
@@ -648,19 +458,15 @@ def test_an_rpc_added_to_the_spec_is_served_unimplemented(tmp_path: Path) -> Non
         """).replace("\n", "\n  ")[:-2] + anchor[1:], 1))
     result = oipgen("build", "-q", "--spec", str(spec), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout + result.stderr
-    server = start_server(build_repository(tmp_path / "models", only=("simple",)), tmp_path,
-                          package_dir=tmp_path / "out")
-    try:
-        with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http, \
-                grpc.insecure_channel(server.target) as channel:
-            assert "ServerLiveAgain" in assert_error_body(http.get("/v2/health/live_again"), 501)
-            again: Any = channel.unary_unary("/inference.GRPCInferenceService/ServerLiveAgain")
-            with pytest.raises(grpc.RpcError) as info:
-                again(b"", timeout=TIMEOUT)
-            assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
-            check_simple(http, pb_grpc.GRPCInferenceServiceStub(channel))
-    finally:
-        assert server.stop() == 0
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    with running(repository, tmp_path, package_dir=tmp_path / "out") as server, server.http_client() as http, \
+            server.channel() as channel:
+        assert "ServerLiveAgain" in assert_error_body(http.get("/v2/health/live_again"), 501)
+        again: Any = channel.unary_unary("/inference.GRPCInferenceService/ServerLiveAgain")
+        with pytest.raises(grpc.RpcError) as info:
+            again(b"", timeout=TIMEOUT)
+        assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        check_simple(http, pb_grpc.GRPCInferenceServiceStub(channel))
 
 
 def test_stream_infer(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
@@ -675,9 +481,7 @@ def test_stream_infer(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
 
 
 def test_huge_shape_without_data_is_refused_without_allocating(extra_server: Server) -> None:
-    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
-            grpc.insecure_channel(extra_server.target) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    with extra_server.clients() as (http, stub):
         before = extra_server.rss_kib()
         huge = 1_000_000_000_000
         for body in (
@@ -704,9 +508,7 @@ def test_huge_shape_without_data_is_refused_without_allocating(extra_server: Ser
 
 
 def test_body_too_large_is_413(extra_server: Server) -> None:
-    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
-            grpc.insecure_channel(extra_server.target) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    with extra_server.clients() as (http, stub):
         data = [0] * 600_000  # about 1.2 MB of JSON
         body = {"inputs": [{"name": "INPUT0", "shape": [len(data)], "datatype": "INT32", "data": data}]}
         assert_error_body(http.post("/v2/models/slow/infer", json=body), 413)
@@ -725,8 +527,7 @@ def test_compressed_bodies_are_inflated_within_the_limit(extra_server: Server) -
     import gzip
     import zlib
 
-    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
-            grpc.insecure_channel(extra_server.target) as channel:
+    with extra_server.clients() as (http, stub):
         body = {"inputs": [{"name": "INPUT0", "shape": [3], "datatype": "INT32", "data": [1, 2, 3]}]}
         raw = json.dumps(body).encode()
         for encoding, packed in (("gzip", gzip.compress(raw)), ("deflate", zlib.compress(raw))):
@@ -740,13 +541,11 @@ def test_compressed_bodies_are_inflated_within_the_limit(extra_server: Server) -
         assert_error_body(http.post("/v2/models/slow/infer", content=b"not gzip",
                                     headers={"Content-Encoding": "gzip"}), 400)
         assert_error_body(http.post("/v2/models/slow/infer", content=raw, headers={"Content-Encoding": "br"}), 400)
-        check_simple(http, pb_grpc.GRPCInferenceServiceStub(channel))
+        check_simple(http, stub)
 
 
 def test_grpc_message_too_large(extra_server: Server) -> None:
-    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
-            grpc.insecure_channel(extra_server.target) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    with extra_server.clients() as (http, stub):
         count = 300_000  # 1.2 MB of raw INT32
         request = pb.ModelInferRequest(model_name="slow", raw_input_contents=[bytes(4 * count)])
         request.inputs.add(name="INPUT0", datatype="INT32", shape=[count])
@@ -755,9 +554,7 @@ def test_grpc_message_too_large(extra_server: Server) -> None:
 
 
 def test_model_failure_is_500_without_traceback(extra_server: Server) -> None:
-    with httpx.Client(base_url=extra_server.url, timeout=TIMEOUT) as http, \
-            grpc.insecure_channel(extra_server.target) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    with extra_server.clients() as (http, stub):
         body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]}
         message = assert_error_body(http.post("/v2/models/failing/infer", json=body), 500)
         assert "the model cannot do this" in message
@@ -797,7 +594,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         request = pb.ModelInferRequest(model_name="slow", raw_input_contents=[np.array([4, 5], "<i4").tobytes()])
         request.parameters["delay"].double_param = 3
         request.inputs.add(name="INPUT0", datatype="INT32", shape=[2])
-        with grpc.insecure_channel(server.target) as channel:
+        with server.channel() as channel:
             results["grpc"] = grpc_call(pb_grpc.GRPCInferenceServiceStub(channel), "ModelInfer", request)
 
     try:
@@ -852,14 +649,13 @@ def test_second_sigterm_stops_at_once(tmp_path: Path) -> None:
         assert server.process.wait(timeout=10) == 128 + signal.SIGTERM
         thread.join(timeout=TIMEOUT)
     finally:
-        server.process.kill()
-        server.process.wait(timeout=STOP_TIMEOUT)
+        server.kill()
     assert failures and "stopping now" in server.log_text()
 
 
 def test_serve_help() -> None:
     result = subprocess.run([sys.executable, "-m", "oip", "serve", "--help"], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(GENERATED)}, timeout=60)
+                            env=server_env(), timeout=60)
     assert result.returncode == 0, result.stderr
     for option in ("--model-repository", "--http-port", "--grpc-port", "--not-ready-status", "--ports-file",
                    "--log-level", "--access-log", "--max-request-bytes"):

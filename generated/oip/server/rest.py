@@ -579,9 +579,16 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
         try:
             raw = await _read_body(request, settings.max_request_bytes)
             header_length = request.headers.get(HEADER_LENGTH)
-            infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings)
-            for name, field in endpoint.params:
-                setattr(infer_request, field, request.path_params[name])
+            fields = {field: request.path_params[name] for name, field in endpoint.params}
+            if header_length is not None and header_length.strip() == "0":
+                # The whole body is the data of the model's single input; every output comes back binary.
+                infer_request = await raw_binary_request(dataplane, raw, settings, **fields)
+                listed: dict[str, bool] = {}
+                default_binary = True
+            else:
+                infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings)
+                for field, value in fields.items():
+                    setattr(infer_request, field, value)
             response = await call(infer_request)
             return encode_infer_response(response, listed, default_binary)
         except Exception as exc:
@@ -635,6 +642,52 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool | None:
     return value
 
 
+async def raw_binary_request(
+    dataplane: DataPlaneBase, raw: bytes, settings: Settings, model_name: str, model_version: str = ""
+) -> InferRequest:
+    """A body with no JSON header (`Inference-Header-Content-Length: 0`): the data of the model's only input.
+
+    The input's shape comes from the model's metadata: for BYTES the declared shape must be [1] and the body is
+    that one element; otherwise at most one dimension may vary, and the body's size fixes it.
+    """
+    meta = await dataplane.model_metadata(
+        pb_grpc_service.ModelMetadataRequest(name=model_name, version=model_version)
+    )
+    if len(meta.inputs) != 1:
+        raise InvalidRequest(
+            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; "
+            f"model '{model_name}' has {len(meta.inputs)}"
+        )
+    spec = meta.inputs[0]
+    dims = list(spec.shape)
+    if spec.datatype == "BYTES":
+        if dims != [1]:
+            raise InvalidRequest(f"a raw binary BYTES input must be declared with shape [1]; '{spec.name}' has {dims}")
+        array: npt.NDArray[Any] = np.empty(1, dtype=object)
+        array[0] = raw
+        return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, "BYTES", [1], array)])
+    info = datatypes.get(spec.datatype)
+    if info is None or not info.size:
+        raise InvalidRequest(f"input '{spec.name}' has datatype {spec.datatype!r}, which has no raw form")
+    variable = [i for i, d in enumerate(dims) if d < 0]
+    known = int(np.prod([d for d in dims if d >= 0], dtype=np.int64)) if dims else 1
+    if len(variable) > 1:
+        raise InvalidRequest(
+            f"a raw binary request cannot fix the shape {dims} of input '{spec.name}': more than one dimension varies"
+        )
+    count, rest = divmod(len(raw), info.size)
+    if rest or (variable and (known == 0 or count % known)) or (not variable and count != known):
+        raise InvalidRequest(
+            f"a raw binary body of {len(raw)} bytes does not fit input '{spec.name}' ({spec.datatype} {dims})"
+        )
+    if variable:
+        dims[variable[0]] = count // known
+    if count > settings.max_tensor_elements:
+        raise TooLarge(f"input '{spec.name}' has {count} elements, more than the {settings.max_tensor_elements} allowed")
+    array = codec.from_raw(raw, spec.datatype, dims, name=spec.name)
+    return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, spec.datatype, dims, array)])
+
+
 def decode_infer_request(
     raw: bytes, header_length: str | None, settings: Settings
 ) -> tuple[InferRequest, dict[str, bool], bool]:
@@ -651,11 +704,6 @@ def decode_infer_request(
             length = int(header_length)
         except ValueError:
             raise InvalidRequest(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if length == 0:
-            raise InvalidRequest(
-                "Inference-Header-Content-Length 0 (a body of raw tensor data with no JSON header) is not supported; "
-                "send a JSON header with binary_data_size per input"
-            )
         if not 0 < length <= len(raw):
             raise InvalidRequest(
                 f"Inference-Header-Content-Length {length} is out of range for a body of {len(raw)} bytes"
