@@ -35,6 +35,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], str]] = {
     "models": (("package",), "oipgen.targets.models"),
     "grpc": (("package", "models"), "oipgen.targets.grpc"),
     "server": (("package", "models", "grpc"), "oipgen.targets.server"),
+    "client": (("package", "models", "grpc"), "oipgen.targets.client"),
 }
 
 # What the generated code of each target imports at run time.
@@ -43,6 +44,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "models": ("numpy>=1.26,<3", "ml-dtypes>=0.4,<0.6", "pydantic>=2.7,<3"),
     "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
     "server": ("fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "orjson>=3.10,<4", "httpx>=0.27,<1"),
+    "client": ("httpx>=0.27,<1", "orjson>=3.10,<4"),
 }
 PUBLIC = tuple(t for t in TARGETS if t != "package")
 
@@ -66,6 +68,19 @@ def resolve(names: list[str]) -> list[str]:
 
 def requirements(targets: list[str]) -> list[str]:
     return sorted({r for t in targets for r in REQUIREMENTS[t]})
+
+
+def render_folder(ctx: Context, tree: Tree, folder: str, extra: tuple[str, ...] = ()) -> None:
+    """Render every template under `folder/` (built-in or overridden), plus the named `extra` templates that
+    exist, each to the same path without `.jinja`."""
+    available = ctx.renderer.env.list_templates(extensions=["jinja"])
+    names = sorted(t for t in available if t.startswith(f"{folder}/"))
+    names += [t for t in extra if t in available]
+    from ..bindings import bindings
+
+    plan = {b.schema: b for b in bindings(ctx.api)}
+    for name in names:
+        tree.add(name.removesuffix(".jinja"), ctx.renderer.render(name, bindings=plan))
 
 
 def build(name: str, ctx: Context, tree: Tree) -> None:

@@ -3,16 +3,9 @@ conformance suite, rendered from every template under `templates/server/` over t
 
 from __future__ import annotations
 
-from ..bindings import bindings
 from ..output import Tree
-from . import Context
-
-_EXTRA = ("__main__.py.jinja", "conformance.py.jinja")
+from . import Context, render_folder
 
 
 def build(ctx: Context, tree: Tree) -> None:
-    names = sorted(t for t in ctx.renderer.env.list_templates(extensions=["jinja"]) if t.startswith("server/"))
-    names += [t for t in _EXTRA if t in ctx.renderer.env.list_templates(extensions=["jinja"])]
-    plan = {b.schema: b for b in bindings(ctx.api)}
-    for name in names:
-        tree.add(name.removesuffix(".jinja"), ctx.renderer.render(name, bindings=plan))
+    render_folder(ctx, tree, "server", extra=("__main__.py.jinja", "conformance.py.jinja"))
