@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: build test goldens lint bench-build serve clean
+.PHONY: build test goldens lint bench-build bench bench-scale bench-client serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,22 @@ serve: build
 ## bench-build: time a cold build and a --check against the floor (datamodel-codegen + protoc)
 bench-build: $(STAMP)
 	$(BIN)/python bench/build_speed.py
+
+## bench-client: the generated client's encode + decode per request beside tritonclient's (1M FP32 over REST JSON,
+##   REST binary and gRPC raw, and the small `simple` request), no server; prints a table with ratios
+##   (BENCH_CLIENT_ARGS="--cpu 2 --json out.json": pinned, figures saved)
+bench-client: $(STAMP)
+	$(BIN)/python bench/client_speed.py $(BENCH_CLIENT_ARGS)
+
+## bench: ours against MLServer 1.7.1 and KServe 0.21.0 (set up under bench/.cache by bench/setup.sh) and perf_analyzer,
+##   same load, pinned CPUs; writes bench/results/results.{md,json} and bench.png (BENCH_ARGS=--quick: a smoke run)
+bench: $(STAMP)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+## bench-scale: our latency and CPU per inference from 1 KB to 64 MB and from 1 to 64 concurrent requests;
+##   writes bench/results/scale.{md,json,png}
+bench-scale: $(STAMP)
+	$(BIN)/python bench/scale.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

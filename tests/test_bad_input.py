@@ -224,7 +224,7 @@ REST: list[tuple[str, str, str, Any, int]] = [
     ("wrong_method_health", "POST", "/v2/health/live", None, 405),
     ("unknown_path", "GET", "/v2/nope", None, 404),
     ("trailing_slash", "GET", "/v2/", None, 404),
-    ("unimplemented_extension", "GET", "/v2/models/simple/stats", None, 501),
+    ("unimplemented_extension", "GET", "/v2/cudasharedmemory/status", None, 501),
     # the model itself
     ("model_failure", "POST", "/v2/models/failing/infer", {"inputs": [tensor(shape=[1], data=[1])]}, 500),
 ]
@@ -343,7 +343,8 @@ GRPC: list[tuple[str, str, Any, grpc.StatusCode]] = [
      grpc.StatusCode.NOT_FOUND),
     ("unload_unknown_model", "RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="nope"),
      grpc.StatusCode.NOT_FOUND),
-    ("unimplemented_extension", "ModelConfig", pb.ModelConfigRequest(name="simple"), grpc.StatusCode.UNIMPLEMENTED),
+    ("unimplemented_extension", "CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest(),
+     grpc.StatusCode.UNIMPLEMENTED),
 ]
 
 

@@ -156,7 +156,10 @@ async def test_server_live_ready_and_metadata() -> None:
     assert (await dp.server_ready(pb.ServerReadyRequest())).ready is True  # no models: ready
     meta = await dp.server_metadata(pb.ServerMetadataRequest())
     assert meta.name == "oip" and meta.version == Settings().server_version
-    assert list(meta.extensions) == ["model_repository", "binary_tensor_data", "parameters"]
+    core = ["model_repository", "binary_tensor_data", "parameters", "model_configuration", "statistics",
+            "classification"]
+    # system_shared_memory too, where the platform has POSIX shared memory; nothing else (CUDA is not served)
+    assert list(meta.extensions) in (core, [*core, "system_shared_memory"])
 
 
 async def test_server_metadata_follows_settings() -> None:
@@ -166,7 +169,8 @@ async def test_server_metadata_follows_settings() -> None:
     assert (meta.name, meta.version, list(meta.extensions)) == ("triton", "2.50.0", ["model_repository"])
     filled = Settings()
     DataPlane(ModelRepository(), filled)
-    assert filled.extensions == ["model_repository", "binary_tensor_data", "parameters"]
+    assert filled.extensions[:6] == ["model_repository", "binary_tensor_data", "parameters", "model_configuration",
+                                     "statistics", "classification"]
 
 
 async def test_model_metadata() -> None:
@@ -442,7 +446,7 @@ async def test_stream_answers_each_request_and_keeps_going() -> None:
 
     answers = [answer async for answer in dp.model_stream_infer(requests())]
     assert isinstance(answers[0], InferResponse) and answers[0].id == "1"
-    assert isinstance(answers[1], NotFound)
+    assert isinstance(answers[1], OipError) and answers[1].kind is ErrorKind.NOT_FOUND  # a StreamError
     assert isinstance(answers[2], InferResponse) and answers[2].id == "3"
 
 

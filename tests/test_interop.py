@@ -255,10 +255,7 @@ def test_http_compressed_requests(http: httpclient.InferenceServerClient, algori
     _check_simple(http.infer("simple", _simple_inputs(httpclient), request_compression_algorithm=algorithm))
 
 
-@pytest.mark.xfail(strict=True, raises=InferenceServerException, reason=(
-    "statistics and model_configuration extensions are not implemented (501 / UNIMPLEMENTED): tritonclient's "
-    "simple_*_infer_client examples call get_inference_statistics, perf_analyzer needs get_model_config"
-))
+# tritonclient's simple_*_infer_client examples call get_inference_statistics; perf_analyzer needs both.
 @pytest.mark.parametrize("call", ["http_statistics", "http_config", "grpc_statistics", "grpc_config"])
 def test_statistics_and_model_config(
     http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient, call: str

@@ -420,10 +420,11 @@ def test_unknown_routes_and_methods(http: httpx.Client, stub: pb_grpc.GRPCInfere
 
 
 def test_unimplemented_operations(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    """An operation of the spec the data plane does not implement has its route and method: 501 / UNIMPLEMENTED."""
-    assert_error_body(http.get("/v2/models/stats"), 501)
-    assert_error_body(http.get("/v2/models/simple/config"), 501)
-    code, _ = grpc_call(stub, "ModelStatistics", pb.ModelStatisticsRequest())
+    """An operation of the spec the data plane does not implement has its route and method: 501 / UNIMPLEMENTED
+    (CUDA shared memory: this server has no GPU stack)."""
+    assert_error_body(http.get("/v2/cudasharedmemory/status"), 501)
+    assert_error_body(http.get("/v2/cudasharedmemory/region/r/status"), 501)
+    code, _ = grpc_call(stub, "CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest())
     assert code is grpc.StatusCode.UNIMPLEMENTED
     check_simple(http, stub)
 

@@ -226,6 +226,10 @@ def from_json(data: Any, datatype: str, shape: Sequence[int], *, name: str = "")
         data = [data]
     if info.variable:
         return _bytes_from_python(_flatten(data), dims, count, name, "data")
+    if type(data) is list and 0 < len(data) == count <= _SMALL:
+        small = _small_numbers(data, info)
+        if small is not None:
+            return _reshape(small, dims, name)
     source: Any = data
     try:
         array = np.asarray(data)
@@ -243,6 +247,34 @@ def from_json(data: Any, datatype: str, shape: Sequence[int], *, name: str = "")
     if out is None:  # something is wrong (or unusual, like integers beyond 64 bits): check element by element
         return _from_leaves(_flatten(source), info, dims, count, name, "data")
     return _reshape(out, dims, name)
+
+
+_SMALL: Final = 256  # flat lists up to this length are checked in Python: cheaper than numpy's whole-array calls
+_FLOAT_MAX: Final = {
+    d.name: float(np.finfo(d.dtype).max) for d in datatypes.DATATYPES if d.dtype.kind == "f" and d.dtype.itemsize >= 4
+}
+
+
+def _small_numbers(data: list[Any], info: DatatypeInfo) -> Array | None:
+    """A short flat list of plain Python numbers in the datatype, or None when the general path must judge:
+    integer datatypes take ints in range, float32/float64 take ints and floats that cannot overflow (JSON has
+    no NaN or infinity). Booleans, strings and nested lists go the general way."""
+    family = _FAMILY[info.name]
+    if family == "int":
+        if not all(type(v) is int for v in data):
+            return None
+        low, high = _INT_RANGE[info.name]
+        if min(data) < low or max(data) > high:
+            return None
+        return np.array(data, dtype=info.dtype)
+    limit = _FLOAT_MAX.get(info.name)
+    if limit is not None:
+        if not all(type(v) is float or type(v) is int for v in data):
+            return None
+        if max(max(data), -min(data)) > limit:
+            return None
+        return np.array(data, dtype=info.dtype)
+    return None
 
 
 def _fast_numbers(array: Array, source: Any, info: DatatypeInfo) -> Array | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import datetime
 import json
 import logging
@@ -38,7 +39,7 @@ from .repository import ModelRepository
 from .rest import create_app
 from .settings import Settings
 
-__all__ = ["Ports", "build_parser", "configure_logging", "main", "run", "serve", "settings_from_args"]
+__all__ = ["Ports", "build_parser", "configure_logging", "main", "run", "serve", "settings_from_args", "tune_allocator"]
 
 log = logging.getLogger(__name__)
 
@@ -334,10 +335,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
+# glibc's malloc serves every allocation of 128 KiB and more with fresh pages from mmap and unmaps them on free,
+# so each request with large tensors page-faults its bodies and buffers in again: measured on 1M-element FP32
+# identities, 4 MB over REST binary cost 7 ms of CPU per inference, 80% of it in the kernel, against 2 ms with
+# the memory kept for reuse (and 117 against 89 ms over REST JSON). Allocations up to 32 MiB (glibc's upper
+# bound) come from the heap instead, and up to 128 MiB of freed heap is kept for the next request. At most two
+# heaps (arenas): the buffers grpc's thread frees are reused by the event loop's (peak memory of a 4 MB gRPC
+# raw identity: +40 MiB over the idle footprint with two arenas, against +60 MiB with glibc's default of 16).
+_MMAP_THRESHOLD: Final = 32 * 1024 * 1024
+_TRIM_THRESHOLD: Final = 128 * 1024 * 1024
+_ARENA_MAX: Final = 2
+
+
+def tune_allocator() -> bool:
+    """Keep large buffers on the C heap between requests, in at most two arenas (glibc only; the
+    MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX environment variables, when set, win).
+    Whether it was done."""
+    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8  # <malloc.h>
+    return all(
+        mallopt(option, value)
+        for option, value in ((m_arena_max, _ARENA_MAX), (m_mmap_threshold, _MMAP_THRESHOLD),
+                              (m_trim_threshold, _TRIM_THRESHOLD))
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve with the options `build_parser` parsed; the exit status."""
     settings = settings_from_args(args)
     configure_logging(settings.log_level, args.log_format)
+    if tune_allocator():
+        log.debug("allocator: buffers up to %d bytes stay on the heap", _MMAP_THRESHOLD)
     if settings.model_repository is not None and not settings.model_repository.is_dir():
         log.error("model repository %s is not a directory", settings.model_repository)
         return 2

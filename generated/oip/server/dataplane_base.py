@@ -52,7 +52,9 @@ class DataPlaneBase:
         """Run one inference request and return its result."""
         raise Unimplemented("ModelInfer is not implemented by this server")
 
-    def model_stream_infer(self, requests: AsyncIterator[InferRequest]) -> AsyncIterator[InferResponse | Exception]:
+    def model_stream_infer(
+        self, requests: AsyncIterator[InferRequest | Exception]
+    ) -> AsyncIterator[InferResponse | Exception]:
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a request zero or many times."""
         raise Unimplemented("ModelStreamInfer is not implemented by this server")
 

@@ -22,6 +22,7 @@ class ErrorKind(enum.Enum):
     UNIMPLEMENTED = "unimplemented"
     MODEL_FAILURE = "model_failure"
     TOO_LARGE = "too_large"
+    ALREADY_EXISTS = "already_exists"
 
 
 HTTP_STATUS: dict[ErrorKind, int] = {
@@ -31,6 +32,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNIMPLEMENTED: 501,
     ErrorKind.MODEL_FAILURE: 500,
     ErrorKind.TOO_LARGE: 413,
+    ErrorKind.ALREADY_EXISTS: 400,  # as Triton (a shared memory region registered twice)
 }
 
 GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
@@ -40,6 +42,7 @@ GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNIMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     ErrorKind.MODEL_FAILURE: grpc.StatusCode.INTERNAL,
     ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 
@@ -77,3 +80,7 @@ class ModelFailure(OipError):
 
 class TooLarge(OipError):
     kind = ErrorKind.TOO_LARGE
+
+
+class AlreadyExists(OipError):
+    kind = ErrorKind.ALREADY_EXISTS

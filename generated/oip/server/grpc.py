@@ -17,7 +17,7 @@ Methods only decode, call the data plane and encode; every rule of the protocol 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Final, NoReturn, TypeAlias, TypeVar, cast
 
 import grpc
@@ -31,6 +31,7 @@ from ..grpc import grpc_service_pb2_grpc
 from .dataplane_base import DataPlaneBase
 from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge
 from .settings import Settings
+from .streaming import StreamError, final_response
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 __all__ = ["SERVICE", "Servicer", "create_grpc_server", "decode_infer_request", "encode_infer_response", "method_handlers"]
@@ -50,6 +51,11 @@ _PARAM_FLOAT: Final = 'double_param'
 _PARAM_STR: Final = 'string_param'
 _INT64: Final = (-(2**63), 2**63 - 1)
 _UINT64_MAX: Final = 2**64 - 1
+# Inference messages at least this large keep their raw tensor bytes out of the protobuf message: the request's
+# are read as views of the received bytes, the response's are written after the serialized rest (no copies).
+_BIG: Final = 1 << 16
+_RAW_INPUT_FIELD: Final = 7
+_RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])
 
 
 def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.aio.Server:
@@ -107,8 +113,8 @@ def method_handlers(servicer: Servicer) -> dict[str, grpc.RpcMethodHandler[Any, 
         ),
         'ModelInfer': grpc.unary_unary_rpc_method_handler(
             _guard_unary_unary(servicer.ModelInfer),
-            request_deserializer=_parser(pb_grpc_service.ModelInferRequest),
-            response_serializer=pb_grpc_service.ModelInferResponse.SerializeToString,
+            request_deserializer=_infer_parser(pb_grpc_service.ModelInferRequest),
+            response_serializer=_infer_serializer,
         ),
         'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
             _guard_stream_stream(servicer.ModelStreamInfer),
@@ -190,6 +196,84 @@ def _parser(message_type: type[_M]) -> Callable[[bytes], _M | _Malformed]:
             return _Malformed(f"the request is not a valid {message_type.DESCRIPTOR.full_name}: {exc}")
 
     return parse
+
+
+class _InferWire:
+    """A large inference request: the message without its raw_input_contents, which are views of the bytes
+    received (entries in order), so that the tensors are never copied out of them."""
+
+    __slots__ = ("message", "raw")
+
+    def __init__(self, message: Any, raw: list[memoryview]) -> None:
+        self.message = message
+        self.raw = raw
+
+
+def _infer_parser(message_type: type[_M]) -> Callable[[bytes], _M | _Malformed | _InferWire]:
+    plain = _parser(message_type)
+
+    def parse(data: bytes) -> _M | _Malformed | _InferWire:
+        if len(data) < _BIG:
+            return plain(data)
+        try:
+            rest, raw = _split_field(data, _RAW_INPUT_FIELD)
+        except (ValueError, IndexError):  # not well-formed: protobuf says why
+            return plain(data)
+        message = plain(rest)
+        return _InferWire(message, raw) if raw and not isinstance(message, _Malformed) else message
+
+    return parse
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _split_field(data: bytes, number: int) -> tuple[bytes, list[memoryview]]:
+    """The top-level fields of a serialized message other than length-delimited field `number` (as bytes), and
+    that field's entries as views of `data`."""
+    view = memoryview(data)
+    keep: list[memoryview] = []
+    found: list[memoryview] = []
+    pos, size = 0, len(data)
+    while pos < size:
+        start = pos
+        key, pos = _varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            pos = _varint(data, pos)[1]
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            if key >> 3 == number:
+                if pos + length > size:
+                    raise ValueError("truncated field")
+                found.append(view[pos : pos + length])
+                pos += length
+                continue
+            pos += length
+        else:
+            raise ValueError(f"wire type {wire}")
+        if pos > size:
+            raise ValueError("truncated field")
+        keep.append(view[start:pos])
+    return b"".join(keep), found
+
+
+def _infer_serializer(reply: Any) -> bytes:
+    return reply if isinstance(reply, bytes) else bytes(reply.SerializeToString())
 
 
 async def _checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
@@ -307,9 +391,11 @@ class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb_grpc_service.ModelInferRequest, context: Context) -> pb_grpc_service.ModelInferResponse:
         """Run one inference request and return its result."""
         try:
-            return encode_infer_response(
-                await self.dataplane.model_infer(decode_infer_request(request, self.settings))
-            )
+            if isinstance(request, _InferWire):
+                infer_request = decode_infer_request(request.message, self.settings, request.raw)
+            else:
+                infer_request = decode_infer_request(request, self.settings)
+            return _encode_infer_wire(await self.dataplane.model_infer(infer_request))  # type: ignore[return-value]
         except Exception as exc:
             await _abort(context, exc)
 
@@ -319,9 +405,13 @@ class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a request zero or many times."""
         settings = self.settings
 
-        async def requests() -> AsyncIterator[InferRequest]:
+        async def requests() -> AsyncIterator[InferRequest | Exception]:
             async for message in _aiter(request_iterator):
-                yield decode_infer_request(message, settings)
+                try:
+                    decoded: InferRequest | Exception = decode_infer_request(message, settings)
+                except (OipError, codec.CodecError) as exc:  # this request fails, the stream goes on
+                    decoded = _request_error(message, exc)
+                yield decoded
 
         try:
             replies = self.dataplane.model_stream_infer(requests())
@@ -329,11 +419,17 @@ class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         try:
             async for reply in replies:
+                wrapped = pb_grpc_service.ModelStreamInferResponse()
+                if not isinstance(reply, Exception):
+                    try:
+                        wrapped.infer_response.CopyFrom(encode_infer_response(reply))
+                    except Exception as exc:
+                        reply = exc
                 if isinstance(reply, Exception):  # the request failed; the stream goes on
-                    message = reply.message if isinstance(reply, OipError) else _status(reply)[1]
-                    yield pb_grpc_service.ModelStreamInferResponse(error_message=message)
-                else:
-                    yield pb_grpc_service.ModelStreamInferResponse(infer_response=encode_infer_response(reply))
+                    wrapped.error_message = reply.message if isinstance(reply, OipError) else _status(reply)[1]
+                    if isinstance(reply, StreamError):  # which request failed: id, model, final flag
+                        wrapped.infer_response.CopyFrom(encode_infer_response(reply.response))
+                yield wrapped
         except Exception as exc:
             await _abort(context, exc)
 
@@ -418,6 +514,13 @@ class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
 # --- inference tensors ----------------------------------------------------------------------------------------
 
 
+def _request_error(message: pb_grpc_service.ModelInferRequest, exc: Exception) -> StreamError:
+    """A stream's request that cannot be decoded: its error, with what identifies the request."""
+    error = exc if isinstance(exc, OipError) else InvalidRequest(str(exc))
+    request = InferRequest(model_name=message.model_name, model_version=message.model_version, id=message.id)
+    return StreamError(error, final_response(request))
+
+
 def _params_from_proto(entries: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, entry in entries.items():
@@ -449,9 +552,12 @@ def _params_to_proto(params: Mapping[str, Any], target: MutableMapping[str, Any]
         setattr(target[key], case, value)
 
 
-def decode_infer_request(message: pb_grpc_service.ModelInferRequest, settings: Settings) -> InferRequest:
-    """The data plane's request: tensors decoded from typed contents or raw contents, as numpy arrays."""
-    raw = message.raw_input_contents
+def decode_infer_request(
+    message: pb_grpc_service.ModelInferRequest, settings: Settings, raw_contents: Sequence[bytes | memoryview] | None = None
+) -> InferRequest:
+    """The data plane's request: tensors decoded from typed contents or raw contents, as numpy arrays.
+    `raw_contents`, when given, stands for the message's raw_input_contents (views of the received bytes)."""
+    raw: Sequence[bytes | memoryview] = message.raw_input_contents if raw_contents is None else raw_contents
     limit = settings.max_tensor_elements
     if raw:
         for tensor in message.inputs:
@@ -493,11 +599,18 @@ def decode_infer_request(message: pb_grpc_service.ModelInferRequest, settings: S
 
 def encode_infer_response(response: InferResponse) -> pb_grpc_service.ModelInferResponse:
     """The gRPC answer: every output's data in `raw_output_contents` (one entry per output, even empty)."""
+    message, raw = _encode_infer_parts(response)
+    message.raw_output_contents.extend(bytes(entry) for entry in raw)
+    return message
+
+
+def _encode_infer_parts(response: InferResponse) -> tuple[pb_grpc_service.ModelInferResponse, list[bytes | memoryview]]:
+    """The answer without its raw_output_contents, and those (views of the outputs' arrays where possible)."""
     message = pb_grpc_service.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     _params_to_proto(response.parameters, message.parameters, "response")
-    raw: list[bytes] = []
+    raw: list[bytes | memoryview] = []
     for tensor in response.outputs:
         out = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         _params_to_proto(tensor.parameters, out.parameters, f"output '{tensor.name}'")
@@ -505,8 +618,30 @@ def encode_infer_response(response: InferResponse) -> pb_grpc_service.ModelInfer
             raw.append(b"")
             continue
         try:
-            raw.append(bytes(codec.to_raw(tensor.data, tensor.datatype, name=tensor.name)))
+            raw.append(codec.to_raw(tensor.data, tensor.datatype, name=tensor.name))
         except codec.CodecError as exc:
             raise ModelFailure(str(exc)) from None
-    message.raw_output_contents.extend(raw)
-    return message
+    return message, raw
+
+
+def _encode_infer_wire(response: InferResponse) -> pb_grpc_service.ModelInferResponse | bytes:
+    """The answer of a unary ModelInfer: the message, or for large outputs its serialized form with the raw
+    outputs appended as raw_output_contents entries (the same bytes protobuf would write, one copy fewer)."""
+    message, raw = _encode_infer_parts(response)
+    sizes = [entry.nbytes if isinstance(entry, memoryview) else len(entry) for entry in raw]
+    if sum(sizes) < _BIG:
+        message.raw_output_contents.extend(bytes(entry) for entry in raw)
+        return message
+    parts: list[bytes | memoryview] = [message.SerializeToString()]
+    for entry, size in zip(raw, sizes, strict=True):
+        parts += [_RAW_OUTPUT_TAG, _varint_bytes(size), entry]
+    return b"".join(parts)
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

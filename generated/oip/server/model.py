@@ -27,12 +27,39 @@ the declared inputs, each a numpy array of the declared datatype (an object arra
 shape matches the declared one (-1 matches any size). Arrays may be read-only views of the request's bytes:
 copy one before writing into it.
 
+A model that batches (`max_batch_size > 0`) declares its tensors WITHOUT the batch dimension, as Triton's model
+configuration does: `TensorSpec("INPUT0", "FP32", [16])` with `max_batch_size = 8` accepts requests of shape
+[b, 16] for 1 <= b <= 8 (every input with the same b), its metadata reports [-1, 16], and `infer` receives and
+returns arrays with the batch dimension first. With `max_batch_size = 0` (the default) shapes are full shapes.
+`dynamic_batching = DynamicBatching(...)` lets the server merge concurrent requests into one call; `decoupled =
+True` declares a model that may answer a request with several responses (over streaming). An output declared
+with `labels` names its classes for the classification extension (index i is `labels[i]`).
+
 `infer` returns a mapping from output name to array (or anything `numpy.asarray` accepts), optionally with
 response parameters as `(outputs, parameters)`. Each output is converted to its declared datatype when no value
 changes meaning (int64 values that fit into INT32, whole floats into integers; floats may round to a narrower
 float); otherwise, or when its shape differs from the declared one, the request fails with a model failure
 naming the output. An exception raised by the model becomes a model failure (HTTP 500 / INTERNAL) carrying
 `str(exc)`, never a traceback; raise `InvalidRequest` (from `errors`) to report bad input values instead.
+
+With dynamic batching, `infer` gets the rows of several requests concatenated on the first axis (requests with
+the same shapes after the batch dimension and the same parameters) and must return outputs whose first dimension
+is the total: each request gets its own rows back. A decoupled model's `infer` is a generator, plain or async,
+yielding what `infer` returns, once per response (zero, one or many per request):
+
+```python
+class Tokens(Model):
+    decoupled = True
+    inputs = (TensorSpec("PROMPT", "BYTES", [1]),)
+    outputs = (TensorSpec("TOKEN", "BYTES", [1]),)
+
+    async def infer(self, inputs, parameters):
+        for word in inputs["PROMPT"][0].split():
+            yield {"TOKEN": [word]}
+```
+
+Its responses go out over the gRPC stream (`ModelStreamInfer`) as it yields them; ModelInfer and REST refuse a
+decoupled model, as Triton does. A plain generator advances in a worker thread, an async one on the event loop.
 """
 
 from __future__ import annotations
@@ -49,7 +76,7 @@ import numpy.typing as npt
 
 from .. import datatypes
 
-__all__ = ["InferResult", "Model", "TensorSpec", "check_model", "run_hook"]
+__all__ = ["DynamicBatching", "InferResult", "Model", "TensorSpec", "check_model", "run_hook"]
 
 InferResult: TypeAlias = (
     Mapping[str, npt.ArrayLike] | tuple[Mapping[str, npt.ArrayLike], Mapping[str, bool | int | float | str]]
@@ -59,13 +86,18 @@ InferResult: TypeAlias = (
 
 @dataclass(frozen=True, slots=True, init=False)
 class TensorSpec:
-    """A declared input or output: its name, datatype ("FP32", "BYTES"...) and shape (-1: any size)."""
+    """A declared input or output: its name, datatype ("FP32", "BYTES"...) and shape (-1: any size), without the
+    batch dimension for a model that batches. `labels` (outputs only) names the classes of the classification
+    extension: the label of index i is `labels[i]`."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    labels: tuple[str, ...]
 
-    def __init__(self, name: str, datatype: str, shape: Sequence[int]) -> None:
+    def __init__(
+        self, name: str, datatype: str, shape: Sequence[int], labels: Sequence[str] | None = None
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a tensor name must be a non-empty string, got {name!r}")
         if not isinstance(datatype, str) or datatypes.get(datatype) is None:
@@ -83,17 +115,29 @@ class TensorSpec:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "datatype", datatype)
         object.__setattr__(self, "shape", tuple(int(d) for d in dims))
+        if labels is None:
+            labels = ()
+        if isinstance(labels, str | bytes) or not isinstance(labels, Iterable):
+            raise ValueError(f"tensor '{name}': labels must be a list of strings, got {labels!r}")
+        names = tuple(labels)
+        for label in names:
+            if not isinstance(label, str):
+                raise ValueError(f"tensor '{name}': labels must be strings, got {label!r}")
+        object.__setattr__(self, "labels", names)
 
     @classmethod
     def of(cls, value: TensorSpec | Mapping[str, Any]) -> TensorSpec:
-        """A TensorSpec from itself or from a mapping `{"name": ..., "datatype": ..., "shape": [...]}`."""
+        """A TensorSpec from itself or from a mapping `{"name": ..., "datatype": ..., "shape": [...]}` (and
+        optionally `"labels": [...]`)."""
         if isinstance(value, TensorSpec):
             return value
         if isinstance(value, Mapping):
-            unknown = set(value) - {"name", "datatype", "shape"}
+            unknown = set(value) - {"name", "datatype", "shape", "labels"}
             if unknown:
-                raise ValueError(f"unknown tensor keys {sorted(unknown)}; a tensor has name, datatype and shape")
-            return cls(value.get("name", ""), value.get("datatype", ""), value.get("shape", ()))
+                raise ValueError(
+                    f"unknown tensor keys {sorted(unknown)}; a tensor has name, datatype, shape and optionally labels"
+                )
+            return cls(value.get("name", ""), value.get("datatype", ""), value.get("shape", ()), value.get("labels"))
         raise ValueError(f"a tensor is a TensorSpec or a mapping of name, datatype and shape, got {value!r}")
 
     def matches(self, shape: Sequence[int]) -> bool:
@@ -103,12 +147,43 @@ class TensorSpec:
         return all(d == -1 or d == s for d, s in zip(self.shape, shape, strict=True))
 
 
+@dataclass(frozen=True, slots=True)
+class DynamicBatching:
+    """Dynamic batching of a model that batches: the server merges concurrent requests into one `infer` call of
+    at most `max_batch_size` items, waiting at most `max_queue_delay_microseconds` for a batch to fill, and
+    preferring the batch sizes in `preferred_batch_size`. Reported in the model configuration as Triton's
+    `dynamic_batching`."""
+
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, value: DynamicBatching | Mapping[str, Any]) -> DynamicBatching:
+        """A DynamicBatching from itself or from a mapping (a model.toml `[dynamic_batching]` table)."""
+        if isinstance(value, DynamicBatching):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"dynamic_batching must be a table of settings, got {value!r}")
+        unknown = set(value) - {"max_queue_delay_microseconds", "preferred_batch_size"}
+        if unknown:
+            raise ValueError(
+                f"unknown dynamic_batching keys {sorted(unknown)}; known keys: max_queue_delay_microseconds, "
+                "preferred_batch_size"
+            )
+        delay = value.get("max_queue_delay_microseconds", 0)
+        sizes = value.get("preferred_batch_size", ())
+        if isinstance(sizes, str | bytes) or not isinstance(sizes, Iterable):
+            raise ValueError(f"dynamic_batching.preferred_batch_size must be a list of integers, got {sizes!r}")
+        return cls(delay, tuple(sizes))
+
+
 class Model:
     """A servable model: name, tensors and the `load` / `infer` / `unload` hooks.
 
-    Declare `name`, `platform`, `inputs`, `outputs`, `max_batch_size` and `properties` as class attributes or
-    pass them to the constructor (which wins). Shapes are full tensor shapes, batch dimension included; the
-    server reports them in metadata exactly as declared. `settings` holds the `[parameters]` table of the
+    Declare `name`, `platform`, `inputs`, `outputs`, `max_batch_size`, `dynamic_batching`, `decoupled` and
+    `properties` as class attributes or pass them to the constructor (which wins). With `max_batch_size = 0`
+    shapes are full tensor shapes and metadata reports them as declared; a model that batches declares them
+    without the batch dimension and metadata reports [-1, *shape]. `settings` holds the `[parameters]` table of the
     model's `model.toml` (or what the caller passes), `path` its folder, `version` the version it serves.
     """
 
@@ -117,6 +192,8 @@ class Model:
     inputs: Sequence[TensorSpec] = ()
     outputs: Sequence[TensorSpec] = ()
     max_batch_size: int = 0
+    dynamic_batching: DynamicBatching | None = None
+    decoupled: bool = False
     properties: Mapping[str, str] = MappingProxyType({})
 
     version: str
@@ -135,6 +212,8 @@ class Model:
         outputs: Sequence[TensorSpec | Mapping[str, Any]] | None = None,
         max_batch_size: int | None = None,
         properties: Mapping[str, str] | None = None,
+        dynamic_batching: DynamicBatching | Mapping[str, Any] | None = None,
+        decoupled: bool | None = None,
     ) -> None:
         cls = type(self)
         self.name = name if name is not None else (cls.name or cls.__name__)
@@ -146,6 +225,9 @@ class Model:
         self.outputs = tuple(TensorSpec.of(t) for t in (outputs if outputs is not None else cls.outputs))
         self.max_batch_size = max_batch_size if max_batch_size is not None else cls.max_batch_size
         self.properties = dict(properties if properties is not None else cls.properties)
+        batching = dynamic_batching if dynamic_batching is not None else cls.dynamic_batching
+        self.dynamic_batching = DynamicBatching.of(batching) if batching is not None else None
+        self.decoupled = decoupled if decoupled is not None else cls.decoupled
         check_model(self)
 
     def load(self) -> Awaitable[None] | None:
@@ -179,6 +261,9 @@ def check_model(model: Model) -> None:
         raise ValueError(f"model '{model.name}': platform must be a string, got {model.platform!r}")
     if isinstance(model.max_batch_size, bool) or not isinstance(model.max_batch_size, int) or model.max_batch_size < 0:
         raise ValueError(f"model '{model.name}': max_batch_size must be an integer >= 0, got {model.max_batch_size!r}")
+    if not isinstance(model.decoupled, bool):
+        raise ValueError(f"model '{model.name}': decoupled must be a boolean, got {model.decoupled!r}")
+    _check_batching(model)
     for kind, specs in (("input", model.inputs), ("output", model.outputs)):
         seen: set[str] = set()
         for spec in specs:
@@ -186,10 +271,36 @@ def check_model(model: Model) -> None:
                 raise ValueError(f"model '{model.name}': {kind}s must be TensorSpec objects, got {spec!r}")
             if spec.name in seen:
                 raise ValueError(f"model '{model.name}': {kind} '{spec.name}' is declared twice")
+            if kind == "input" and spec.labels:
+                raise ValueError(f"model '{model.name}': input '{spec.name}' has labels; only outputs have labels")
             seen.add(spec.name)
     for key, value in model.properties.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise ValueError(f"model '{model.name}': properties map strings to strings, got {key!r}: {value!r}")
+
+
+def _check_batching(model: Model) -> None:
+    batching = model.dynamic_batching
+    if batching is None:
+        return
+    if not isinstance(batching, DynamicBatching):
+        raise ValueError(f"model '{model.name}': dynamic_batching must be a DynamicBatching, got {batching!r}")
+    if model.max_batch_size < 1:
+        raise ValueError(
+            f"model '{model.name}': dynamic_batching needs max_batch_size >= 1 (the largest batch to form)"
+        )
+    delay = batching.max_queue_delay_microseconds
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise ValueError(
+            f"model '{model.name}': dynamic_batching.max_queue_delay_microseconds must be an integer >= 0, "
+            f"got {delay!r}"
+        )
+    for size in batching.preferred_batch_size:
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= model.max_batch_size:
+            raise ValueError(
+                f"model '{model.name}': dynamic_batching.preferred_batch_size entries must be integers from 1 to "
+                f"max_batch_size ({model.max_batch_size}), got {size!r}"
+            )
 
 
 async def run_hook(hook: Callable[..., Any], *args: Any) -> Any:

@@ -11,6 +11,11 @@ sub-folder holding a `model.toml` is a model, named after the folder unless the 
 class = "model:Simple"        # <python file in the folder, without .py>:<Model subclass>
 platform = "pytorch"          # optional; overrides the class's platform in metadata
 versions = ["1", "2"]         # optional; default: the numeric sub-folders, else ["1"]
+max_batch_size = 8            # optional; overrides the class's (0: the model does not batch)
+decoupled = false             # optional; overrides the class's
+[dynamic_batching]            # optional; overrides the class's (needs max_batch_size >= 1)
+max_queue_delay_microseconds = 100
+preferred_batch_size = [4, 8]
 [parameters]                  # optional; passed to the model as `settings`
 threshold = 0.5
 ```
@@ -46,14 +51,16 @@ from types import TracebackType
 from typing import Any, Final
 
 from .errors import ModelFailure, NotFound, NotReady, OipError
-from .model import Model, check_model, run_hook
+from .model import DynamicBatching, Model, check_model, run_hook
 
 __all__ = ["MODEL_FILE", "ModelRepository", "ModelState", "ModelStatus", "version_key"]
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE: Final = "model.toml"
-_TOML_KEYS: Final = ("name", "class", "platform", "versions", "parameters")
+_TOML_KEYS: Final = (
+    "name", "class", "platform", "versions", "parameters", "max_batch_size", "decoupled", "dynamic_batching"
+)
 _MODULE_IDS: Final = itertools.count(1)
 
 
@@ -333,6 +340,7 @@ class ModelRepository:
             return {}, f"cannot read {toml}: {_message(exc)}"
         try:
             target, platform, versions, parameters = _parse_config(config, folder)
+            declared = _parse_declarations(config)
         except ValueError as exc:
             return {}, f"{toml}: {exc}"
         file_name, _, class_name = target.partition(":")
@@ -365,6 +373,14 @@ class ModelRepository:
             except Exception as exc:
                 log.debug("model '%s': %s() failed", record.name, class_name, exc_info=True)
                 built[version] = ValueError(f"{class_name}() failed: {_message(exc)}")
+                continue
+            if declared:
+                for key, value in declared.items():
+                    setattr(model, key, value)
+                try:
+                    check_model(model)
+                except ValueError as exc:
+                    built[version] = ValueError(f"{toml}: {_message(exc)}")
         return built, ""
 
     # --- unloading --------------------------------------------------------------------------------------
@@ -541,6 +557,27 @@ def _parse_config(config: dict[str, Any], folder: Path) -> tuple[str, str | None
                 raise ValueError(f"invalid or repeated version {version!r}")
             versions.append(version)
     return target, platform, versions, parameters
+
+
+def _parse_declarations(config: dict[str, Any]) -> dict[str, Any]:
+    """The model attributes a model.toml overrides (max_batch_size, decoupled, dynamic_batching); ValueError naming
+    what is wrong."""
+    out: dict[str, Any] = {}
+    if "max_batch_size" in config:
+        size = config["max_batch_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"'max_batch_size' must be an integer >= 0, got {size!r}")
+        out["max_batch_size"] = size
+    if "decoupled" in config:
+        if not isinstance(config["decoupled"], bool):
+            raise ValueError(f"'decoupled' must be true or false, got {config['decoupled']!r}")
+        out["decoupled"] = config["decoupled"]
+    if "dynamic_batching" in config:
+        table = config["dynamic_batching"]
+        if not isinstance(table, dict):
+            raise ValueError(f"'dynamic_batching' must be a table, got {table!r}")
+        out["dynamic_batching"] = DynamicBatching.of(table)
+    return out
 
 
 def _import_class(file: Path, class_name: str, search: Iterable[Path], model: str, modules: list[str]) -> type[Model]:

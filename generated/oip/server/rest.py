@@ -22,6 +22,7 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
 from __future__ import annotations
 
 import logging
+import re
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from google.protobuf.message import Message
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from .. import codec, convert, datatypes
 from ..grpc import model_config_pb2 as pb_model_config
@@ -58,8 +60,11 @@ _BINARY: Final = "application/octet-stream"
 _BINARY_OUTPUT: Final = "binary_data_output"  # request parameters: default for outputs not listed
 _BINARY_SIZE: Final = "binary_data_size"  # input and output parameters: bytes in the binary part
 _BINARY_DATA: Final = "binary_data"  # requested-output parameters: this output as binary
-_SHARED_MEMORY: Final = "shared_memory_region"  # input parameters: data held by the shared memory extension
+_SHARED_MEMORY: Final = "shared_memory_region"  # tensor parameters: data held by the shared memory extension
 _INT_RANGE: Final = (-(2**63), 2**64 - 1)  # parameter integers: int64, or uint64 above int64's range
+# Operations whose REST bodies list every field, defaults included, as Triton writes them: perf_analyzer reads
+# `inference_stats.queue.count` and `model_transaction_policy.decoupled` without checking that they exist.
+_COMPLETE_BODIES: Final = frozenset({"model_statistics", "model_config"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,10 +414,37 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class OipApp(FastAPI):
-    """FastAPI, publishing the spec's OpenAPI document rather than one derived from the routes."""
+    """FastAPI, publishing the spec's OpenAPI document rather than one derived from the routes.
+
+    Inference requests (the tensor operations' routes, `fast_routes`) skip FastAPI's middleware and router:
+    their handler answers every error itself, and the framework's layers (exception and telemetry middleware,
+    the route table) cost a fifth of the CPU of a small inference. Anything else, and a wrong method on an
+    inference path, goes through FastAPI as usual.
+    """
+
+    fast_routes: tuple[tuple[str, re.Pattern[str], Handler], ...] = ()
 
     def openapi(self) -> dict[str, Any]:
         return DOCUMENT
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.root_path:
+            method, path = scope["method"], scope["path"]
+            for route_method, pattern, handler in self.fast_routes:
+                match = pattern.fullmatch(path) if method == route_method else None
+                if match is not None:
+                    scope["app"] = self
+                    scope["path_params"] = match.groupdict()
+                    response = await handler(Request(scope, receive, send))
+                    await response(scope, receive, send)
+                    return
+        await super().__call__(scope, receive, send)
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """The route path as a regular expression: `{name}` matches one path segment, as in Starlette."""
+    parts = re.split(r"\{(\w+)\}", path)
+    return re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)" for i, part in enumerate(parts)))
 
 
 def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
@@ -445,6 +477,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     for endpoint in sorted(ENDPOINTS, key=_route_order):
         if endpoint.operation in TENSOR_OPERATIONS:
             handler = _tensor_handler(dataplane, settings, endpoint)
+            app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
         else:
             handler = _message_handler(dataplane, settings, endpoint)
         app.add_route(endpoint.path, handler, methods=[endpoint.method], include_in_schema=False)
@@ -561,12 +594,51 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
             out = convert.proto_to_rest(
                 endpoint.response, reply, **{p: fields[p] for p in endpoint.rest_only if p in fields}
             )
+            if endpoint.operation in _COMPLETE_BODIES:
+                unwrap = convert.BINDINGS[endpoint.response].unwrap
+                _with_defaults(out, getattr(reply, unwrap) if unwrap else reply)
             healthy = endpoint.health is None or bool(getattr(reply, endpoint.health))
             return _json(out, 200 if healthy else settings.not_ready_status)
         except Exception as exc:
             return _error_response(exc, settings)
 
     return handle
+
+
+def _with_defaults(out: Any, message: Any) -> None:
+    """Complete `out`, the REST form of `message` (or of each of a repeated field's messages), with the fields
+    the converter left out because they hold their default: scalars, enums, lists and maps without presence at
+    their default, recursively through the message fields present. Oneof members that are not set stay out."""
+    if isinstance(out, list):
+        for item, entry in zip(out, message, strict=False):
+            _with_defaults(item, entry)
+        return
+    if not isinstance(out, dict):
+        return
+    for field in message.DESCRIPTOR.fields:
+        name = field.name
+        value = getattr(message, name)
+        kind = field.message_type
+        if kind is not None and kind.GetOptions().map_entry:
+            entries = out.setdefault(name, {})
+            if kind.fields_by_name["value"].message_type is not None:
+                for key, item in value.items():
+                    if str(key) in entries:
+                        _with_defaults(entries[str(key)], item)
+        elif field.is_repeated:
+            items = out.setdefault(name, [])
+            if kind is not None:
+                _with_defaults(items, value)
+        elif kind is not None:
+            if name in out:
+                _with_defaults(out[name], value)
+        elif field.containing_oneof is None and name not in out:
+            if field.enum_type is not None:
+                out[name] = field.enum_type.values_by_number[0].name
+            elif field.type == field.TYPE_BYTES:
+                out[name] = ""
+            else:
+                out[name] = value  # the default: 0, 0.0, False or ""
 
 
 # --- inference ------------------------------------------------------------------------------------------------
@@ -784,6 +856,8 @@ def decode_infer_request(
             name = _string(item, "name", f"output {i}")
             params = _parameters(item.get("parameters"), f"output '{name}'")
             listed[name] = bool(_flag(params, _BINARY_DATA, f"output '{name}'"))
+            if listed[name] and _SHARED_MEMORY in params:
+                raise InvalidRequest(f"output '{name}' can't set both '{_SHARED_MEMORY}' and '{_BINARY_DATA}'")
             outputs.append(RequestedOutput(name, params))
 
     infer_request = InferRequest(
@@ -800,7 +874,10 @@ def encode_infer_response(response: InferResponse, listed: Mapping[str, bool], d
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         parameters = dict(tensor.parameters)
         binary = listed.get(tensor.name, default_binary)
-        if binary:
+        if tensor.data is None:  # written to shared memory: no data here, as Triton answers
+            if parameters:
+                entry["parameters"] = parameters
+        elif binary:
             data = _raw_data(tensor)
             parameters[_BINARY_SIZE] = data.nbytes if isinstance(data, memoryview) else len(data)
             if parameters[_BINARY_SIZE]:
