@@ -445,6 +445,17 @@ def test_stream_error_ends_the_stream(clients: dict[str, Any]) -> None:
             list(clients[kind].stream_infer("simple", [{"INPUT0": A, "INPUT1": B}, {"INPUT0": np.ones(2, complex)}]))
 
 
+def test_stream_errors_can_come_as_results(clients: dict[str, Any]) -> None:
+    """With raise_errors=False a failed request is a result carrying the server's message; the stream goes on."""
+    requests = [InferRequest({"INPUT0": A, "INPUT1": B}, id="ok"), InferRequest({"INPUT0": A}, id="bad"),
+                InferRequest({"INPUT0": B, "INPUT1": A}, id="ok2")]
+    for kind in ("grpc", "grpc_async"):
+        results = list(clients[kind].stream_infer("simple", requests, raise_errors=False))
+        assert [(r.id, bool(r.error)) for r in results] == [("ok", False), ("bad", True), ("ok2", False)]
+        assert "INPUT1" in results[1].error
+        check_simple(results[0])
+
+
 # --- errors -------------------------------------------------------------------------------------------------------
 
 

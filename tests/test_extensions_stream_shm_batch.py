@@ -803,8 +803,8 @@ def test_generated_clients_shared_memory(server: Server) -> None:
             inputs = {"INPUT0": SIMPLE_A, "INPUT1": SIMPLE_B}
             for offset, client in ((0, rest), (size, grpc_client)):
                 place = {"shared_memory_region": name, "shared_memory_byte_size": size, "shared_memory_offset": offset}
-                # binary=False: shared memory and binary data exclude each other (REST; as tritonclient does)
-                out = ClientOutput("OUTPUT0", parameters=place, binary=False)
+                # The client asks no binary data for an output in a region (the server would refuse it).
+                out = ClientOutput("OUTPUT0", parameters=place)
                 result = client.infer("simple", inputs, [out, "OUTPUT1"])
                 assert result.output("OUTPUT0").shape == (1, 16)
                 assert result.as_numpy("OUTPUT1").tolist() == (SIMPLE_A - 1).tolist()

@@ -341,6 +341,14 @@ def decode_infer_response(
     )
 
 
+def _stream_result(response: pb_grpc_service.ModelInferResponse, error: str, raise_errors: bool) -> InferResult:
+    if error and raise_errors:
+        raise OipClientError(error)
+    result = decode_infer_response(response)
+    result.error = error
+    return result
+
+
 def _stream_request(
     model: str, version: str, item: InferRequest | Inputs, datatypes: Mapping[str, str] | None
 ) -> pb_grpc_service.ModelInferRequest:
@@ -534,14 +542,17 @@ class GrpcClient(_GrpcBase):
         datatypes: Mapping[str, str] | None = None,
         headers: Headers | None = None,
         timeout: float | None = None,
+        raise_errors: bool = True,
     ) -> Iterator[InferResult]:
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a
         request zero or many times.
 
         Sends each of `requests` (`InferRequest`s, or inputs as `infer` takes them) on one stream and yields the
         results as they come (several per request for a decoupled model). A response carrying an error ends the
-        stream with OipClientError and the server's message; a request that cannot be written (InvalidArgument)
-        ends it after the answers to the requests before it. `timeout` bounds the whole stream.
+        stream with OipClientError and the server's message, or, with `raise_errors=False`, comes as a result whose
+        `error` holds the message (the server goes on with the stream's other requests). A request that cannot be
+        written (InvalidArgument) ends the stream after the answers to the requests before it. `timeout` bounds
+        the whole stream.
         """
         failed: list[BaseException] = []  # what went wrong while writing the requests (grpc only sees an end)
 
@@ -557,9 +568,7 @@ class GrpcClient(_GrpcBase):
         )
         try:
             for reply in call:
-                if reply.error_message:
-                    raise OipClientError(reply.error_message)
-                yield decode_infer_response(reply.infer_response)
+                yield _stream_result(reply.infer_response, reply.error_message, raise_errors)
         except grpc.RpcError as exc:
             if failed:
                 raise failed[0] from None
@@ -907,14 +916,17 @@ class AsyncGrpcClient(_GrpcBase):
         datatypes: Mapping[str, str] | None = None,
         headers: Headers | None = None,
         timeout: float | None = None,
+        raise_errors: bool = True,
     ) -> AsyncIterator[InferResult]:
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a
         request zero or many times.
 
         Sends each of `requests` (`InferRequest`s, or inputs as `infer` takes them) on one stream and yields the
         results as they come (several per request for a decoupled model). A response carrying an error ends the
-        stream with OipClientError and the server's message; a request that cannot be written (InvalidArgument)
-        ends it after the answers to the requests before it. `timeout` bounds the whole stream.
+        stream with OipClientError and the server's message, or, with `raise_errors=False`, comes as a result whose
+        `error` holds the message (the server goes on with the stream's other requests). A request that cannot be
+        written (InvalidArgument) ends the stream after the answers to the requests before it. `timeout` bounds
+        the whole stream.
         """
 
         failed: list[BaseException] = []  # what went wrong while writing the requests (grpc only sees an end)
@@ -941,9 +953,7 @@ class AsyncGrpcClient(_GrpcBase):
         )
         try:
             async for reply in call:
-                if reply.error_message:
-                    raise OipClientError(reply.error_message)
-                yield decode_infer_response(reply.infer_response)
+                yield _stream_result(reply.infer_response, reply.error_message, raise_errors)
         except grpc.RpcError as exc:
             if failed:
                 raise failed[0] from None

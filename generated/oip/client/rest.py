@@ -349,6 +349,7 @@ class RestClient(_RestBase):
         datatypes: Mapping[str, str] | None = None,
         headers: Headers | None = None,
         timeout: float | None = None,
+        raise_errors: bool = True,
     ) -> Iterator[InferResult]:
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a
         request zero or many times.
@@ -765,6 +766,7 @@ class AsyncRestClient(_RestBase):
         datatypes: Mapping[str, str] | None = None,
         headers: Headers | None = None,
         timeout: float | None = None,
+        raise_errors: bool = True,
     ) -> AsyncIterator[InferResult]:
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a
         request zero or many times.

@@ -312,7 +312,9 @@ def encode_rest_request(
     for output in outputs:
         out: dict[str, Any] = {"name": output.name}
         out_params: dict[str, Any] = dict(output.parameters) if output.parameters else {}
-        as_binary = binary if output.binary is None else output.binary
+        # An output written to a shared-memory region has no data in the answer, binary or not.
+        in_region = "shared_memory_region" in out_params
+        as_binary = (binary and not in_region) if output.binary is None else output.binary
         if as_binary:
             out_params[_BINARY_DATA] = True
         if out_params:
@@ -425,10 +427,13 @@ class InferResult:
     `as_numpy(name)` (or `result[name]`) decodes an output on first use; fixed-size outputs are read-only views
     of the response's bytes where the transport allows it, BYTES outputs object arrays of `bytes`. The same
     request gives the same result over REST (JSON or binary) and gRPC (raw or typed contents). `outputs` lists
-    the outputs' metadata (`OutputMetadata`) in answer order.
+    the outputs' metadata (`OutputMetadata`) in answer order. `error` is empty, except for a stream's answer to a
+    request that failed when the stream was asked not to raise.
     """
 
-    __slots__ = ("_arrays", "_entries", "_index", "_outputs", "id", "model_name", "model_version", "parameters")
+    __slots__ = (
+        "_arrays", "_entries", "_index", "_outputs", "error", "id", "model_name", "model_version", "parameters"
+    )
 
     def __init__(
         self, *, model_name: str, model_version: str, id: str, parameters: dict[str, Param], entries: list[Entry]
@@ -441,6 +446,7 @@ class InferResult:
         self._arrays: list[Array | None] = [None] * len(entries)
         self._outputs: tuple[OutputMetadata, ...] | None = None
         self._index: dict[str, int] | None = None
+        self.error = ""  # a stream's answer to a request that failed (stream_infer(..., raise_errors=False))
 
     def __repr__(self) -> str:
         outputs = ", ".join(f"{m.name}: {m.datatype}{list(m.shape)}" for m in self.outputs)
