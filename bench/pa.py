@@ -1,0 +1,122 @@
+"""perf_analyzer (the C++ load tool of the Triton client wheels), as it runs here.
+
+Every real perf-analyzer wheel is built for glibc 2.38 and this machine has 2.36, so bench/setup.sh unpacks the
+2.60.0 wheel and Debian 13's C/C++ runtime into the cache folder (never installed system-wide), and the binary is
+started through that runtime's ld-linux. perf_analyzer needs the server's model configuration and statistics
+extensions (`GET /v2/models/{m}/config`, `.../stats`, and their gRPC RPCs): `config_ok` checks the first.
+"""
+
+from __future__ import annotations
+
+import csv
+import http.client
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+LIB = "debian13/usr/lib/x86_64-linux-gnu"
+
+# How perf_analyzer sends each workload (see shared/research/bench-baselines.md for the arguments).
+ARGS: dict[str, list[str]] = {
+    "simple_rest": ["-i", "http", "-m", "simple", "--input-tensor-format", "json", "--output-tensor-format", "json"],
+    "simple_grpc": ["-i", "grpc", "-m", "simple"],
+    "identity_rest_json": [
+        "-i",
+        "http",
+        "-m",
+        "identity_fp32",
+        "--shape",
+        "INPUT0:{elements}",
+        "--input-tensor-format",
+        "json",
+        "--output-tensor-format",
+        "json",
+    ],
+    "identity_rest_binary": ["-i", "http", "-m", "identity_fp32", "--shape", "INPUT0:{elements}"],
+    "identity_grpc_raw": ["-i", "grpc", "-m", "identity_fp32", "--shape", "INPUT0:{elements}"],
+}
+
+
+def command(cache: Path) -> list[str] | None:
+    """The argv prefix that runs perf_analyzer, or None when bench/setup.sh has not provided it."""
+    lib = cache / LIB
+    binary = cache / "perf_analyzer" / "perf_analyzer"
+    loader = lib / "ld-linux-x86-64.so.2"
+    if not (binary.exists() and loader.exists()):
+        return None
+    return [str(loader), "--library-path", str(lib), str(binary)]
+
+
+def config_ok(rest: str, model: str = "simple") -> bool:
+    """Whether the server answers `GET /v2/models/{model}/config` with 200 (perf_analyzer needs it)."""
+    host, port = rest.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        connection.request("GET", f"/v2/models/{model}/config")
+        response = connection.getresponse()
+        response.read()
+        return response.status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def run(
+    cache: Path,
+    workload: str,
+    rest: str,
+    grpc: str,
+    concurrency: int,
+    elements: int = 1_000_000,
+    window_ms: int = 3333,
+    trials: int = 3,
+    timeout: float = 180.0,
+) -> dict[str, Any]:
+    """One perf_analyzer measurement (sync mode, `trials` windows of `window_ms`); infer/s and latencies."""
+    prefix = command(cache)
+    result: dict[str, Any] = {"workload": workload, "concurrency": concurrency, "tool": "perf_analyzer"}
+    if prefix is None:
+        return {**result, "error": "perf_analyzer is not set up (bash bench/setup.sh)"}
+    args = [a.format(elements=elements) for a in ARGS[workload]]
+    url = grpc if "grpc" in workload else rest
+    with tempfile.TemporaryDirectory(prefix="oipgen-pa-") as tmp:
+        out = Path(tmp) / "pa.csv"
+        argv = [
+            *prefix,
+            "-u",
+            url,
+            *args,
+            "--concurrency-range",
+            str(concurrency),
+            "-p",
+            str(window_ms),
+            "-s",
+            "100",
+            "-r",
+            str(trials),
+            "-f",
+            str(out),
+        ]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {**result, "error": f"perf_analyzer did not finish within {timeout:.0f} s"}
+        if done.returncode != 0 or not out.exists():
+            lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+            errors = [line for line in lines if "rror" in line] or lines[-3:]
+            return {**result, "error": f"exit {done.returncode}: " + " | ".join(errors[:3])[:500]}
+        rows = list(csv.DictReader(out.open()))
+    if not rows:
+        return {**result, "error": "perf_analyzer wrote no result"}
+    row = rows[0]
+    try:
+        figures = {
+            "infer_per_s": float(row["Inferences/Second"]),
+            "p50_ms": float(row["p50 latency"]) / 1000,
+            "p99_ms": float(row["p99 latency"]) / 1000,
+        }
+    except (KeyError, ValueError) as exc:
+        return {**result, "error": f"unexpected perf_analyzer CSV ({exc}): columns {sorted(row)}"}
+    return {**result, **figures}

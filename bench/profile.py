@@ -1,0 +1,97 @@
+"""Profile our server under one workload with py-spy (from bench/setup.sh's tools venv).
+
+    python bench/profile.py simple_grpc -c 8 [-d 8] [--elements N] [--native] [--out DIR]
+
+Starts our server on CPU 0, drives it with bench/loadgen.py on CPU 1, records it with py-spy meanwhile (collapsed
+stacks, `profile-<workload>.txt`, and an SVG flame graph), and prints where the samples fall: the functions
+with the most samples inclusive and exclusive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import servers
+from servers import BENCH, CLIENT_CPU
+
+
+def summarize(collapsed: Path, top: int = 25) -> str:
+    inclusive: collections.Counter[str] = collections.Counter()
+    exclusive: collections.Counter[str] = collections.Counter()
+    total = others = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        if "Runner.run" not in stack:  # worker threads: mostly waiting for work, which py-spy cannot tell apart
+            others += count
+            continue
+        total += count
+        frames = [
+            f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")" for f in stack.split(";")
+        ]
+        for frame in set(frames):
+            inclusive[frame] += count
+        exclusive[frames[-1]] += count
+    lines = [f"{total} samples of the event loop's thread ({others} of other threads)", "", "inclusive:"]
+    lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
+    lines += ["", "exclusive:"]
+    lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in exclusive.most_common(top)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload")
+    p.add_argument("-c", "--concurrency", type=int, default=1)
+    p.add_argument("-d", "--duration", type=float, default=8.0)
+    p.add_argument("--elements", type=int, default=1_000_000)
+    p.add_argument("--native", action="store_true", help="include native (C) frames")
+    p.add_argument("--out", type=Path, default=BENCH / ".work")
+    p.add_argument("--models", type=Path, help="the model repository (default: examples/models)")
+    args = p.parse_args(argv)
+    pyspy = BENCH / ".cache" / "venv-tools" / "bin" / "py-spy"
+    if not pyspy.exists():
+        p.error(f"{pyspy} is missing: bash bench/setup.sh")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"profile-{args.workload}-c{args.concurrency}"
+    if args.models:
+        servers.OIPGEN_MODELS = args.models.resolve()
+    with servers.running("oipgen", BENCH / ".cache", args.out) as server:
+        load = subprocess.Popen(
+            ["taskset", "-c", CLIENT_CPU, sys.executable, str(BENCH / "loadgen.py"), "--rest", server.rest,
+             "--grpc", server.grpc, "--workload", args.workload, "-c", str(args.concurrency),
+             "-d", str(args.duration + 2), "-w", "1", "--elements", str(args.elements),
+             "--server-pid", str(server.pid)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.5)
+        common = [
+            "-p",
+            str(server.pid),
+            "-d",
+            str(int(args.duration)),
+            "-r",
+            "250",
+            *(["--native"] if args.native else []),
+        ]
+        for fmt, suffix in (("raw", ".txt"),):
+            subprocess.run(["taskset", "-c", CLIENT_CPU, str(pyspy), "record", *common, "-f", fmt,
+                            "-o", str(args.out / (stem + suffix))], check=True, timeout=args.duration + 60,
+                           capture_output=True)  # fmt: skip
+        out, _ = load.communicate(timeout=args.duration + 120)
+    print(out.strip())
+    print(summarize(args.out / (stem + ".txt")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""The report of a `make bench` run: medians, our ratios, the targets (markdown) and the chart (PNG)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from servers import LABELS
+
+OURS = "oipgen"
+METRICS = (
+    "infer_per_s",
+    "p50_ms",
+    "p99_ms",
+    "server_cpu_us_per_infer",
+    "peak_rss_mib",
+    "idle_rss_mib",
+    "cpu0_busy",
+    "mean_ms",
+)
+TITLES = {
+    "simple_rest_c1": "simple REST JSON c=1",
+    "simple_rest_c8": "simple REST JSON c=8",
+    "simple_grpc_c1": "simple gRPC c=1",
+    "simple_grpc_c8": "simple gRPC c=8",
+    "identity_grpc_raw": "identity 1M FP32 gRPC raw c=1",
+    "identity_rest_binary": "identity 1M FP32 REST binary c=1",
+    "identity_rest_json": "identity 1M FP32 REST JSON c=1",
+}
+
+
+def title(scenario: str, elements: int = 1_000_000) -> str:
+    """The scenario's title, with the identity tensor's real element count."""
+    text = TITLES.get(scenario, scenario)
+    return text if elements == 1_000_000 else text.replace("1M", f"{elements:,}")
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(document: dict[str, Any]) -> dict[str, Any]:
+    """{(server, scenario, tool): medians and the errors}, keyed as "server|scenario|tool"."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in document["records"]:
+        groups.setdefault(f"{record['server']}|{record['scenario']}|{record['tool']}", []).append(record)
+    summary: dict[str, Any] = {}
+    for key, records in groups.items():
+        good = [r for r in records if "error" not in r]
+        entry: dict[str, Any] = {
+            "runs": len(records),
+            "ok": len(good),
+            "errors": sorted({str(r["error"]) for r in records if "error" in r}),
+            "request_errors": sum(int(r.get("errors", 0)) for r in good),
+        }
+        for metric in (*METRICS, "startup_s", "ready_rss_mib", "requests", "payload_bytes"):
+            values = [r[metric] for r in good if r.get(metric) is not None]
+            if values:
+                entry[metric] = _median(values)
+                if metric in ("infer_per_s", "startup_s"):
+                    entry[metric + "_range"] = (min(values), max(values))
+        summary[key] = entry
+    return summary
+
+
+def get(summary: dict[str, Any], server: str, scenario: str, metric: str, tool: str = "loadgen") -> float | None:
+    entry = summary.get(f"{server}|{scenario}|{tool}")
+    return None if entry is None else entry.get(metric)
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100 or digits == 0:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _cell(summary: dict[str, Any], server: str, scenario: str) -> str:
+    entry = summary.get(f"{server}|{scenario}|loadgen")
+    if entry is None:
+        return "not run"
+    if not entry["ok"]:
+        return "fails: " + "; ".join(entry["errors"])[:160].replace("|", "/")
+    rate = entry.get("infer_per_s")
+    text = (
+        f"{_num(rate, 1)} · {_ms(entry.get('p50_ms'))} / {_ms(entry.get('p99_ms'))} ms · "
+        f"{_num(entry.get('server_cpu_us_per_infer'))} us · {_num(entry.get('peak_rss_mib'))} MiB"
+    )
+    if entry["request_errors"]:
+        text += f" · {entry['request_errors']} errors"
+    if entry["errors"]:
+        text += f" ({entry['runs'] - entry['ok']} of {entry['runs']} runs failed)"
+    return text
+
+
+def _ratio(ours: float | None, peer: float | None) -> str:
+    if not ours or not peer:
+        return "-"
+    return f"{ours / peer:.2f}x"
+
+
+def targets(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, what was measured, met?) for the targets of issue 5 (None: not measurable in this run)."""
+    out: list[tuple[str, str, bool | None]] = []
+
+    def rate(server: str, scenario: str) -> float | None:
+        return get(summary, server, scenario, "infer_per_s")
+
+    def check(text: str, ours: float | None, bound: float | None, what: str, higher: bool = True) -> None:
+        if ours is None or bound is None:
+            out.append((text, "not measured", None))
+        else:
+            out.append((text, what, ours >= bound if higher else ours <= bound))
+
+    def capacity(server: str, scenario: str) -> float | None:
+        """Inferences per second of server CPU (1 / CPU per inference): the rate a fully busy core would give."""
+        cpu = get(summary, server, scenario, "server_cpu_us_per_infer")
+        return 1e6 / cpu if cpu else None
+
+    def busy(server: str, scenario: str) -> str:
+        value = get(summary, server, scenario, "cpu0_busy")
+        return "?" if value is None else f"{value:.0%}"
+
+    ours, ml = rate(OURS, "simple_rest_c8"), rate("mlserver", "simple_rest_c8")
+    check("simple REST JSON c=8: >= 2.5x MLServer infer/s", ours, ml and 2.5 * ml,
+          f"{_num(ours)} vs {_num(ml)} infer/s = {_ratio(ours, ml)} (server CPU busy "
+          f"{busy(OURS, 'simple_rest_c8')} vs {busy('mlserver', 'simple_rest_c8')})")  # fmt: skip
+    ours, ml = capacity(OURS, "simple_rest_c8"), capacity("mlserver", "simple_rest_c8")
+    check("  the same as capacity (1 / server CPU per inference)", ours, ml and 2.5 * ml,
+          f"{_num(ours)} vs {_num(ml)} infer/s per core = {_ratio(ours, ml)}")  # fmt: skip
+    ours = rate(OURS, "simple_grpc_c8")
+    peers = [v for v in (rate("mlserver", "simple_grpc_c8"), rate("kserve", "simple_grpc_c8")) if v]
+    best = max(peers) if peers else None
+    check("simple gRPC c=8: >= 2x the better of MLServer and KServe", ours, best and 2 * best,
+          f"{_num(ours)} vs {_num(best)} infer/s = {_ratio(ours, best)} (server CPU busy "
+          f"{busy(OURS, 'simple_grpc_c8')})")  # fmt: skip
+    ours = capacity(OURS, "simple_grpc_c8")
+    peers = [v for v in (capacity("mlserver", "simple_grpc_c8"), capacity("kserve", "simple_grpc_c8")) if v]
+    best = max(peers) if peers else None
+    check("  the same as capacity (1 / server CPU per inference)", ours, best and 2 * best,
+          f"{_num(ours)} vs {_num(best)} infer/s per core = {_ratio(ours, best)}")  # fmt: skip
+    cpu = get(summary, OURS, "identity_rest_binary", "server_cpu_us_per_infer")
+    check(
+        "4 MB REST binary: server CPU <= 5 ms per inference", cpu, 5000.0, f"{_ms(cpu and cpu / 1000)} ms", higher=False
+    )
+    ours, ks = rate(OURS, "identity_grpc_raw"), rate("kserve", "identity_grpc_raw")
+    check(
+        "4 MB gRPC raw: >= KServe infer/s", ours, ks, f"{_num(ours, 1)} vs {_num(ks, 1)} infer/s = {_ratio(ours, ks)}"
+    )
+    ours, ml = rate(OURS, "identity_rest_json"), rate("mlserver", "identity_rest_json")
+    check(
+        "1M REST JSON: >= 1.5x MLServer infer/s",
+        ours,
+        ml and 1.5 * ml,
+        f"{_num(ours, 2)} vs {_num(ml, 2)} infer/s = {_ratio(ours, ml)}",
+    )
+    floor = document.get("floor", {}).get("floor_ms")
+    cpu = get(summary, OURS, "identity_rest_json", "server_cpu_us_per_infer")
+    cpu_ms = cpu / 1000 if cpu else None
+    check(
+        "1M REST JSON: server CPU within 1.3x of the serialization floor",
+        cpu_ms,
+        floor and 1.3 * floor,
+        f"{_ms(cpu_ms)} ms vs floor {_ms(floor)} ms = {_ratio(cpu_ms, floor)}",
+        higher=False,
+    )
+    startup = get(summary, OURS, "startup", "startup_s", tool="harness")
+    check("start-up under 1 s", startup, 1.0, f"{startup:.2f} s" if startup else "-", higher=False)
+    for scenario in ("identity_rest_binary", "identity_grpc_raw"):
+        peak = get(summary, OURS, scenario, "peak_rss_mib")
+        idle = get(summary, OURS, scenario, "idle_rss_mib")
+        payload = get(summary, OURS, scenario, "payload_bytes")
+        bound = idle + 4 * payload / 2**20 if idle is not None and payload else None
+        check(
+            f"{title(scenario, document['meta']['elements']).split(' c=')[0]}: peak memory <= idle + 4x payload",
+            peak,
+            bound,
+            f"peak {_num(peak)} MiB, idle {_num(idle)} MiB + 4 x {_num(payload and payload / 2**20, 1)} MiB "
+            f"= {_num(bound)} MiB",
+            higher=False,
+        )
+    return out
+
+
+def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
+    meta = document["meta"]
+    names = meta["servers"]
+    peers = [s for s in names if s != OURS]
+    lines = [
+        "# oipgen benchmark",
+        "",
+        f"{meta['date']} on {meta['host']} ({meta['cpus']} CPUs, Python {meta['python']}); "
+        f"load average {meta['load_average_before']} before, {meta['load_average_after']} after. "
+        f"Servers on CPU {meta['server_cpu']}, load on CPU {meta['client_cpu']}; {meta['repeats']} repeat(s) of "
+        f"{meta['duration_s']:g} s windows after {meta['warmup_s']:g} s of warm-up (identity REST JSON: twice the "
+        f"window), identity tensors of {meta['elements']:,} FP32 elements. Took {meta['elapsed_s'] / 60:.1f} min."
+        + (" **Quick smoke run: not figures to quote.**" if meta.get("quick") else ""),
+        "",
+        "Cells: `infer/s · p50 / p99 latency · server CPU per inference · peak server memory` (medians; same "
+        "client, bench/loadgen.py, for every server). Ratios: our infer/s over the peer's (higher is better) and "
+        "the peer's CPU per inference over ours (higher: we spend less).",
+        "",
+    ]
+    head = [
+        "scenario",
+        *(LABELS.get(s, s) for s in names),
+        *(f"oipgen vs {LABELS.get(p, p).split()[0]}" for p in peers),
+    ]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for scenario in meta["scenarios"]:
+        row = [title(scenario, meta["elements"]), *(_cell(summary, s, scenario) for s in names)]
+        for peer in peers:
+            rate = _ratio(get(summary, OURS, scenario, "infer_per_s"), get(summary, peer, scenario, "infer_per_s"))
+            cpu = _ratio(
+                get(summary, peer, scenario, "server_cpu_us_per_infer"),
+                get(summary, OURS, scenario, "server_cpu_us_per_infer"),
+            )
+            row.append(f"{rate} infer/s, {cpu} CPU")
+        lines.append("| " + " | ".join(row) + " |")
+    row = ["start-up to ready (s) · RSS at ready"]
+    for server in names:
+        entry = summary.get(f"{server}|startup|harness")
+        if entry is None or not entry["ok"]:
+            row.append("fails" if entry else "-")
+        else:
+            lo, hi = entry["startup_s_range"]
+            row.append(f"{entry['startup_s']:.2f} ({lo:.2f}-{hi:.2f}) · {_num(entry.get('ready_rss_mib'))} MiB")
+    for peer in peers:
+        ours, theirs = (
+            get(summary, OURS, "startup", "startup_s", "harness"),
+            get(summary, peer, "startup", "startup_s", "harness"),
+        )
+        row.append(f"{theirs / ours:.2f}x faster" if ours and theirs else "-")
+    lines += ["| " + " | ".join(row) + " |", ""]
+
+    lines += ["## perf_analyzer", ""]
+    pa_rows = []
+    for server in names:
+        skipped = summary.get(f"{server}|*|perf_analyzer")
+        if skipped is not None:
+            pa_rows.append(f"| {LABELS.get(server, server)} | all | not run: {'; '.join(skipped['errors'])} | |")
+            continue
+        for scenario in meta["scenarios"]:
+            entry = summary.get(f"{server}|{scenario}|perf_analyzer")
+            if entry is None:
+                continue
+            if entry["ok"]:
+                pa_cell = (
+                    f"{_num(entry.get('infer_per_s'), 1)} · {_ms(entry.get('p50_ms'))} / {_ms(entry.get('p99_ms'))} ms"
+                )
+            else:
+                pa_cell = "fails: " + "; ".join(entry["errors"])[:200].replace("|", "/")
+            pa_rows.append(
+                f"| {LABELS.get(server, server)} | {title(scenario, meta['elements'])} | {pa_cell} | "
+                f"{_cell(summary, server, scenario).split(' · ')[0]} · "
+                f"{_ms(get(summary, server, scenario, 'p50_ms'))} / "
+                f"{_ms(get(summary, server, scenario, 'p99_ms'))} ms |"
+            )
+    if any("data has 1" in row for row in pa_rows):
+        pa_rows.append(
+            "| | | perf_analyzer 2.60 writes a single JSON value for an FP32 [-1] input given `--shape` (on the "
+            'wire: `"shape":[4],"data":[1.8521564417127638e31]`), which this server, like Triton, refuses (400) | |'
+        )
+    if pa_rows:
+        lines += [
+            "| server | scenario | perf_analyzer `infer/s · p50 / p99` | loadgen, same run |",
+            "|---|---|---|---|",
+            *pa_rows,
+            "",
+        ]
+    else:
+        lines += ["perf_analyzer was not run (--no-pa).", ""]
+
+    floor = document.get("floor", {})
+    if "parse_ms" in floor:
+        lines += [
+            "## Serialization floor (CPU 0, median)",
+            "",
+            f"{floor['elements']:,} FP32 elements, request body {floor['request_bytes'] / 1e6:.1f} MB: orjson parse "
+            f"{floor['parse_ms']:.1f} ms + to numpy {floor['to_numpy_ms']:.1f} ms + orjson dump "
+            f"{min(floor['dump_f64_ms'], floor['dump_f32_ms']):.1f} ms "
+            f"(float64 view {floor['dump_f64_ms']:.1f}, float32 "
+            f"{floor['dump_f32_ms']:.1f}, via tolist {floor['dump_tolist_ms']:.1f}) = **{floor['floor_ms']:.1f} ms** "
+            f"({floor['floor_tolist_ms']:.1f} ms with tolist). "
+            f"A raw copy of the same tensor: {floor['raw_copy_ms']:.2f} ms.",
+            "",
+        ]
+    lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for text, what, met in targets(document, summary):
+        lines.append(f"| {text} | {what} | {'yes' if met else 'no' if met is not None else '-'} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def chart(document: dict[str, Any], summary: dict[str, Any], path: Path) -> Path | None:
+    """Throughput, latency (p50 bar, p99 tick) and server CPU per scenario, one bar per server; start-up."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    meta = document["meta"]
+    names, scenarios = meta["servers"], meta["scenarios"]
+    rows = (
+        ("infer_per_s", "infer/s"),
+        ("p50_ms", "latency ms (p50 bar, p99 tick)"),
+        ("server_cpu_us_per_infer", "server CPU us / inference"),
+    )
+    fig, axes = plt.subplots(len(rows), len(scenarios) + 1, figsize=(2.3 * (len(scenarios) + 1), 8.5), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for col, scenario in enumerate(scenarios):
+        for row, (metric, label) in enumerate(rows):
+            ax = axes[row][col]
+            for i, server in enumerate(names):
+                value = get(summary, server, scenario, metric)
+                if value is None:
+                    ax.text(i, 0, "x", ha="center", va="bottom", color=colors[i % len(colors)])
+                    continue
+                ax.bar(i, value, color=colors[i % len(colors)])
+                if metric == "p50_ms":
+                    p99 = get(summary, server, scenario, "p99_ms")
+                    if p99:
+                        ax.plot([i - 0.35, i + 0.35], [p99, p99], color="black", linewidth=1.5)
+                ax.text(
+                    i, value, f"{value:,.0f}" if value >= 10 else f"{value:.2f}", ha="center", va="bottom", fontsize=7
+                )
+            ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
+            ax.tick_params(axis="y", labelsize=7)
+            if row == 0:
+                ax.set_title(title(scenario, meta["elements"]).replace(" c=", "\nc="), fontsize=8)
+            if col == 0:
+                ax.set_ylabel(label, fontsize=8)
+    ax = axes[0][-1]
+    for i, server in enumerate(names):
+        value = get(summary, server, "startup", "startup_s", "harness")
+        if value is not None:
+            ax.bar(i, value, color=colors[i % len(colors)])
+            ax.text(i, value, f"{value:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_title("start-up to ready (s)", fontsize=8)
+    ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
+    for row in range(1, len(rows)):
+        axes[row][-1].axis("off")
+    fig.suptitle(
+        f"oipgen vs {', '.join(LABELS.get(n, n) for n in names if n != OURS)} - {meta['date']}, "
+        f"load average {meta['load_average_before'][0]:.2f}" + (" (quick run)" if meta.get("quick") else ""),
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite results.md and bench.png from a results.json: `python bench/report.py [bench/results/results.json]`."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    path = Path(args[0]) if args else Path(__file__).resolve().parent / "results" / "results.json"
+    document = json.loads(path.read_text())
+    summary = summarize(document)
+    (path.parent / "results.md").write_text(markdown(document, summary))
+    chart(document, summary, path.parent / "bench.png")
+    print((path.parent / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,332 @@
+"""`make bench`: oipgen against MLServer and KServe, on the same load, in one run.
+
+Each server serves `simple` (INT32 [1,16] x2 -> sum, difference) and `identity_fp32` (FP32 [-1]) single-process
+on CPU 0; the load generator (bench/loadgen.py) runs on CPU 1, as does perf_analyzer where the server has what it
+needs. Per repeat, every server is started (start-up time to ready), measured on every scenario, and stopped;
+the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures are
+medians over the repeats. Outputs (in --out, default bench/results): results.json (every raw measurement),
+results.md (the table, our ratios, the targets), bench.png (throughput and latency per scenario).
+
+    python bench/run.py [--quick] [--servers oipgen,mlserver,kserve] [--repeats 3] [--duration 10]
+                        [--scenarios simple_rest_c1,...] [--no-pa] [--no-setup] [--out DIR]
+
+--quick is a smoke run (1 repeat, 1 s windows, 100k-element identity). Everything is bounded: each measurement
+by its window and a timeout, each server start by a timeout; Ctrl-C stops the servers this run started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pa
+import servers
+from servers import BENCH, CLIENT_CPU, SERVER_CPU
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workload: str
+    concurrency: int
+    title: str
+    long: bool = False  # a slow scenario: twice the window
+
+
+SCENARIOS = (
+    Scenario("simple_rest_c1", "simple_rest", 1, "simple REST JSON c=1"),
+    Scenario("simple_rest_c8", "simple_rest", 8, "simple REST JSON c=8"),
+    Scenario("simple_grpc_c1", "simple_grpc", 1, "simple gRPC c=1"),
+    Scenario("simple_grpc_c8", "simple_grpc", 8, "simple gRPC c=8"),
+    # Binary paths first: their idle footprint is then the server's, not what a 19 MB JSON body left behind.
+    Scenario("identity_grpc_raw", "identity_grpc_raw", 1, "identity 1M FP32 gRPC raw c=1"),
+    Scenario("identity_rest_binary", "identity_rest_binary", 1, "identity 1M FP32 REST binary c=1"),
+    Scenario("identity_rest_json", "identity_rest_json", 1, "identity 1M FP32 REST JSON c=1", long=True),
+)
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def load_average() -> list[float]:
+    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def python_for_loadgen() -> str:
+    return sys.executable
+
+
+def loadgen(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement by bench/loadgen.py in its own process on the client CPU."""
+    duration = args.duration * (2 if scenario.long else 1)
+    argv = [
+        "taskset",
+        "-c",
+        CLIENT_CPU,
+        python_for_loadgen(),
+        str(BENCH / "loadgen.py"),
+        "--rest",
+        server.rest,
+        "--grpc",
+        server.grpc,
+        "--workload",
+        scenario.workload,
+        "-c",
+        str(scenario.concurrency),
+        "-d",
+        str(duration),
+        "-w",
+        str(args.warmup),
+        "--elements",
+        str(args.elements),
+        "--server-pid",
+        str(server.pid),
+        "--timeout",
+        str(args.request_timeout),
+    ]
+    limit = duration + args.warmup + args.request_timeout * 2 + 60
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the load generator did not finish within {limit:.0f} s"}
+    if done.returncode != 0 or not done.stdout.strip():
+        return {"error": f"load generator exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run_pa(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
+    with _pinned(CLIENT_CPU):
+        try:
+            result = pa.run(args.cache, scenario.workload, server.rest, server.grpc, scenario.concurrency,
+                            args.elements, window_ms=args.pa_window_ms, trials=args.pa_trials)  # fmt: skip
+            if "stable measurement" in result.get("error", ""):  # a noisy window: once more, with more windows
+                result = pa.run(args.cache, scenario.workload, server.rest, server.grpc, scenario.concurrency,
+                                args.elements, window_ms=args.pa_window_ms, trials=args.pa_trials + 3)  # fmt: skip
+            return result
+        except Exception as exc:  # one failed measurement is reported, the run goes on
+            return {"tool": "perf_analyzer", "error": f"{type(exc).__name__}: {exc}"}
+
+
+@contextlib.contextmanager
+def _pinned(cpu: str):  # type: ignore[no-untyped-def]
+    """Children started inside run on `cpu` (the affinity is inherited)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(cpu)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    workdir = args.out / "logs"  # the servers' logs of this run (the peers log every request: 100+ MB)
+    shutil.rmtree(workdir, ignore_errors=True)
+    scenarios = [BY_NAME[name] for name in args.scenarios]
+    for repeat in range(1, args.repeats + 1):
+        order = args.servers[repeat - 1 :] + args.servers[: repeat - 1]  # take turns: nobody always goes first
+        for name in order:
+            base = {"server": name, "repeat": repeat, "load_average": load_average()}
+            try:
+                server = servers.start(name, args.cache, workdir)
+            except RuntimeError as exc:
+                records.append({**base, "scenario": "startup", "tool": "harness", "error": str(exc)})
+                log(f"[{repeat}] {name}: {exc}")
+                continue
+            try:
+                records.append(
+                    {
+                        **base,
+                        "scenario": "startup",
+                        "tool": "harness",
+                        "startup_s": server.startup_s,
+                        "ready_rss_mib": server.ready_rss_mib,
+                    }
+                )
+                log(f"[{repeat}] {name}: ready in {server.startup_s:.2f} s, {server.ready_rss_mib:.0f} MiB")
+                for scenario in scenarios:
+                    result = loadgen(server, scenario, args)
+                    records.append({**base, "scenario": scenario.name, "tool": "loadgen", **result})
+                    log(f"[{repeat}] {name} {scenario.name}: {_short(result)}")
+                if args.pa:
+                    if not pa.config_ok(server.rest):
+                        records.append(
+                            {
+                                **base,
+                                "scenario": "*",
+                                "tool": "perf_analyzer",
+                                "error": "GET /v2/models/simple/config is not 200: no model configuration "
+                                "extension, which perf_analyzer needs",
+                            }
+                        )
+                        log(f"[{repeat}] {name}: perf_analyzer skipped (no model configuration extension)")
+                    else:
+                        for scenario in scenarios:
+                            result = run_pa(server, scenario, args)
+                            records.append({**base, "scenario": scenario.name, **result})
+                            log(f"[{repeat}] {name} {scenario.name} perf_analyzer: {_short(result)}")
+            finally:
+                servers.stop(server)
+    return records
+
+
+def _short(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return "ERROR " + str(result["error"])[:200]
+    cpu = result.get("server_cpu_us_per_infer")
+    return (
+        f"{result['infer_per_s']:.1f} infer/s, p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms"
+        + (f", {cpu:.0f} us CPU/infer" if cpu else "")
+        + (f", {result['errors']} errors" if result.get("errors") else "")
+    )
+
+
+def floor(args: argparse.Namespace) -> dict[str, Any]:
+    argv = [
+        "taskset",
+        "-c",
+        SERVER_CPU,
+        sys.executable,
+        str(BENCH / "floor.py"),
+        "--elements",
+        str(args.elements),
+        "--repeat",
+        str(3 if args.quick else 7),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-500:]}
+    return dict(json.loads(done.stdout))
+
+
+def wait_for_quiet(limit_load: float, max_wait: float, log: Any) -> None:
+    """Wait (bounded) until the 1-minute load average is at most `limit_load`."""
+    deadline = time.monotonic() + max_wait
+    while load_average()[0] > limit_load and time.monotonic() < deadline:
+        log(
+            f"load average {load_average()}: waiting for <= {limit_load} "
+            f"(up to {deadline - time.monotonic():.0f} s more)"
+        )
+        time.sleep(min(30.0, max(1.0, deadline - time.monotonic())))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a short smoke run")
+    p.add_argument("--servers", default=",".join(servers.SERVERS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--scenarios", default=",".join(BY_NAME), help="comma-separated (default: all)")
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--duration", type=float, help="measurement window, seconds (identity JSON: twice)")
+    p.add_argument("--warmup", type=float)
+    p.add_argument("--elements", type=int, help="FP32 elements of the identity scenarios")
+    p.add_argument("--request-timeout", type=float, default=60.0)
+    p.add_argument("--no-pa", dest="pa", action="store_false", help="skip perf_analyzer")
+    p.add_argument("--no-setup", dest="setup", action="store_false", help="do not run bench/setup.sh first")
+    p.add_argument("--cache", type=Path, default=Path(os.environ.get("BENCH_CACHE", BENCH / ".cache")))
+    p.add_argument("--out", type=Path, default=BENCH / "results")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="LOAD",
+        help="first wait (up to --wait-max s) until the load average is at most LOAD",
+    )
+    p.add_argument("--wait-max", type=float, default=900.0)
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.repeats = args.repeats or (1 if quick else 3)
+    args.duration = args.duration or (1.0 if quick else 10.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 2.0)
+    args.elements = args.elements or (100_000 if quick else 1_000_000)
+    args.pa_window_ms = 500 if quick else 3333
+    args.pa_trials = 5 if quick else 3
+    args.servers = [s for s in args.servers.split(",") if s]
+    args.scenarios = [s for s in args.scenarios.split(",") if s]
+    for name in args.servers:
+        if name not in servers.SERVERS:
+            p.error(f"unknown server {name!r}")
+    for name in args.scenarios:
+        if name not in BY_NAME:
+            p.error(f"unknown scenario {name!r}")
+    args.cache = args.cache.resolve()
+    args.out = args.out.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def log(message: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    began = time.monotonic()
+    try:
+        if args.setup and (args.pa or any(name != "oipgen" for name in args.servers)):
+            log("setting up the peers' environments and perf_analyzer (bench/setup.sh)")
+            subprocess.run(["bash", str(BENCH / "setup.sh"), str(args.cache)], check=True, timeout=3600)
+        usable = []
+        for name in args.servers:
+            reason = servers.missing(name, args.cache)
+            if reason:
+                log(f"{name} left out: {reason}")
+            else:
+                usable.append(name)
+        args.servers = usable
+        if args.wait_quiet:
+            wait_for_quiet(args.wait_quiet, args.wait_max, log)
+        load_before = load_average()
+        log(f"load average {load_before}; floor of the 1M-element JSON identity")
+        floor_result = floor(args)
+        records = measure(args, log)
+        load_after = load_average()
+    except KeyboardInterrupt:
+        log("interrupted: the servers this run started are stopped")
+        return 130
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "servers": args.servers,
+        "scenarios": args.scenarios,
+        "repeats": args.repeats,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "elements": args.elements,
+        "quick": args.quick,
+        "elapsed_s": time.monotonic() - began,
+        "server_cpu": SERVER_CPU,
+        "client_cpu": CLIENT_CPU,
+    }
+    document = {"meta": meta, "floor": floor_result, "records": records}
+    (args.out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
+    import report
+
+    summary = report.summarize(document)
+    (args.out / "results.md").write_text(report.markdown(document, summary))
+    chart = report.chart(document, summary, args.out / "bench.png")
+    log(f"wrote {args.out / 'results.md'}, {args.out / 'results.json'}" + (f", {chart}" if chart else ""))
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

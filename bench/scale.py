@@ -1,0 +1,316 @@
+"""`make bench-scale`: how our server's cost grows with the payload and with the concurrency.
+
+- Payload: `identity_fp32` at c=1 over REST binary and gRPC raw, tensors from 1 KB to 64 MB (x4 steps): latency
+  and server CPU per inference. The cost must grow linearly with the size: per-byte CPU at 64 MB within 2x of
+  that at 1 MB, and the log-log slope of CPU per inference between 1 MB and 64 MB at most 1.2.
+- Concurrency: `simple` over REST JSON and gRPC at 1 to 64 concurrent requests: throughput must hold (at every
+  concurrency from 8 up, at least 80% of the best) and no request may fail.
+Outputs in --out (default bench/results): scale.json, scale.md, scale.png. The server runs on CPU 0, the load on
+CPU 1, as in bench/run.py; every point is bounded in time (--duration) and count.
+
+    python bench/scale.py [--quick] [--duration 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import servers
+from servers import BENCH, CLIENT_CPU
+
+SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KB .. 64 MB
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+PAYLOAD_WORKLOADS = ("identity_rest_binary", "identity_grpc_raw")
+CONCURRENCY_WORKLOADS = ("simple_rest", "simple_grpc")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} TB"
+
+
+def point(
+    server: servers.Running, workload: str, concurrency: int, elements: int, duration: float, warmup: float
+) -> dict[str, Any]:
+    argv = [
+        "taskset",
+        "-c",
+        CLIENT_CPU,
+        sys.executable,
+        str(BENCH / "loadgen.py"),
+        "--rest",
+        server.rest,
+        "--grpc",
+        server.grpc,
+        "--workload",
+        workload,
+        "-c",
+        str(concurrency),
+        "-d",
+        str(duration),
+        "-w",
+        str(warmup),
+        "--elements",
+        str(elements),
+        "--server-pid",
+        str(server.pid),
+        "--timeout",
+        "60",
+        "--max-requests",
+        "200000",
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + warmup + 180, check=False)
+    except subprocess.TimeoutExpired:
+        return {"workload": workload, "concurrency": concurrency, "error": "timed out"}
+    if done.returncode != 0:
+        return {"workload": workload, "concurrency": concurrency, "error": done.stderr.strip()[-300:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def checks(payload: list[dict[str, Any]], concurrency: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    out: list[tuple[str, str, bool]] = []
+    for workload in PAYLOAD_WORKLOADS:
+        rows = {r["payload_bytes"]: r for r in payload if r["workload"] == workload and "error" not in r}
+        errors = [r for r in payload if r["workload"] == workload and ("error" in r or r.get("errors"))]
+        small, big = 1 << 20, max(rows, default=0)
+        if (
+            small in rows
+            and big > small
+            and rows[small].get("server_cpu_us_per_infer")
+            and rows[big].get("server_cpu_us_per_infer")
+        ):
+            per_small = rows[small]["server_cpu_us_per_infer"] / small
+            per_big = rows[big]["server_cpu_us_per_infer"] / big
+            slope = math.log(rows[big]["server_cpu_us_per_infer"] / rows[small]["server_cpu_us_per_infer"]) / math.log(
+                big / small
+            )
+            out.append(
+                (
+                    f"{workload}: CPU per byte at {_size(big)} within 2x of 1 MB's, log-log slope <= 1.2",
+                    f"{per_big * 1e3:.3f} vs {per_small * 1e3:.3f} us/KB "
+                    f"(x{per_big / per_small:.2f}), slope {slope:.2f}",
+                    per_big <= 2 * per_small and slope <= 1.2,
+                )
+            )
+        out.append(
+            (
+                f"{workload}: every size answered, no errors",
+                f"{len(rows)} of {len({r['payload_bytes'] for r in payload if r['workload'] == workload})} sizes, "
+                f"{len(errors)} with errors",
+                not errors,
+            )
+        )
+    for workload in CONCURRENCY_WORKLOADS:
+        rows = [r for r in concurrency if r["workload"] == workload]
+        good = [r for r in rows if "error" not in r]
+        best = max((r["infer_per_s"] for r in good), default=0.0)
+        high = [r for r in good if r["concurrency"] >= 8]
+        worst = min((r["infer_per_s"] for r in high), default=0.0)
+        failed = sum(int(r.get("errors", 0)) for r in good) + len(rows) - len(good)
+        out.append(
+            (
+                f"{workload}: throughput holds from c=8 up (>= 80% of the best), no errors",
+                f"worst {worst:,.0f} vs best {best:,.0f} infer/s ({worst / best:.0%}); {failed} errors"
+                if best
+                else "no data",
+                bool(best) and worst >= 0.8 * best and failed == 0,
+            )
+        )
+    return out
+
+
+def chart(document: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for workload in PAYLOAD_WORKLOADS:
+        rows = sorted(
+            (r for r in document["payload"] if r["workload"] == workload and "error" not in r),
+            key=lambda r: r["payload_bytes"],
+        )
+        x = [r["payload_bytes"] for r in rows]
+        axes[0][0].plot(x, [r["p50_ms"] for r in rows], marker="o", label=f"{workload} p50")
+        axes[0][0].plot(x, [r["p99_ms"] for r in rows], marker=".", linestyle=":", label=f"{workload} p99")
+        axes[0][1].plot(x, [r["server_cpu_us_per_infer"] / 1000 for r in rows], marker="o", label=workload)
+    if document["payload"]:
+        xs = sorted({r["payload_bytes"] for r in document["payload"]})
+        ref = [
+            r
+            for r in document["payload"]
+            if r["workload"] == PAYLOAD_WORKLOADS[0]
+            and r["payload_bytes"] == 1 << 20
+            and r.get("server_cpu_us_per_infer")
+        ]
+        if ref:
+            per_byte = ref[0]["server_cpu_us_per_infer"] / 1000 / (1 << 20)
+            axes[0][1].plot(xs, [per_byte * x for x in xs], color="grey", linestyle="--", label="linear from 1 MB")
+    for ax, label in ((axes[0][0], "latency ms"), (axes[0][1], "server CPU ms / inference")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tensor size (bytes), c=1")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    for workload in CONCURRENCY_WORKLOADS:
+        rows = sorted(
+            (r for r in document["concurrency"] if r["workload"] == workload and "error" not in r),
+            key=lambda r: r["concurrency"],
+        )
+        x = [r["concurrency"] for r in rows]
+        axes[1][0].plot(x, [r["infer_per_s"] for r in rows], marker="o", label=workload)
+        axes[1][1].plot(x, [r["p50_ms"] for r in rows], marker="o", label=f"{workload} p50")
+        axes[1][1].plot(x, [r["p99_ms"] for r in rows], marker=".", linestyle=":", label=f"{workload} p99")
+    for ax, label in ((axes[1][0], "infer/s"), (axes[1][1], "latency ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (simple)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1][0].set_ylim(bottom=0)
+    meta = document["meta"]
+    fig.suptitle(
+        f"oipgen: cost against payload and concurrency - {meta['date']}, "
+        f"load average {meta['load_average_before'][0]:.2f}" + (" (quick run)" if meta["quick"] else ""),
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(document: dict[str, Any]) -> str:
+    meta = document["meta"]
+    lines = [
+        "# oipgen: how cost grows",
+        "",
+        f"{meta['date']}; load average {meta['load_average_before']} before, {meta['load_average_after']} after; "
+        f"{meta['duration_s']:g} s per point. Server on CPU 0, load on CPU 1."
+        + (" Quick smoke run." if meta["quick"] else ""),
+        "",
+        "| workload | tensor | infer/s | p50 / p99 ms | server CPU ms / inference | us per KB | peak MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in document["payload"]:
+        if "error" in r:
+            lines.append(
+                f"| {r['workload']} | {_size(r.get('payload_bytes', 0))} | fails: {r['error'][:100]} | | | | |"
+            )
+            continue
+        cpu = r.get("server_cpu_us_per_infer") or 0.0
+        lines.append(
+            f"| {r['workload']} | {_size(r['payload_bytes'])} | {r['infer_per_s']:,.1f} | {r['p50_ms']:.2f} / "
+            f"{r['p99_ms']:.2f} | {cpu / 1000:.3f} | {cpu / (r['payload_bytes'] / 1024):.3f} | "
+            f"{r.get('peak_rss_mib', 0):.0f} |"
+        )
+    lines += [
+        "",
+        "| workload | concurrency | infer/s | p50 / p99 ms | server CPU us / inference | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in document["concurrency"]:
+        if "error" in r:
+            lines.append(f"| {r['workload']} | {r['concurrency']} | fails: {r['error'][:100]} | | | |")
+            continue
+        lines.append(
+            f"| {r['workload']} | {r['concurrency']} | {r['infer_per_s']:,.0f} | "
+            f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} | "
+            f"{(r.get('server_cpu_us_per_infer') or 0):.0f} | {r['errors']} |"
+        )
+    lines += ["", "| check | measured | met |", "|---|---|---|"]
+    for text, what, ok in document["checks"]:
+        lines.append(f"| {text} | {what} | {'yes' if ok else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a short smoke run (sizes up to 1 MB, c up to 16)")
+    p.add_argument("--duration", type=float)
+    p.add_argument("--out", type=Path, default=BENCH / "results")
+    args = p.parse_args(argv)
+    duration = args.duration or (0.5 if args.quick else 3.0)
+    warmup = 0.2 if args.quick else 0.5
+    sizes = SIZES[:6] if args.quick else SIZES
+    levels = CONCURRENCY[:5] if args.quick else CONCURRENCY
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    load_before = [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    began = time.monotonic()
+    payload: list[dict[str, Any]] = []
+    concurrency: list[dict[str, Any]] = []
+    try:
+        with servers.running("oipgen", BENCH / ".cache", out / "logs") as server:
+            for workload in PAYLOAD_WORKLOADS:
+                for size in sizes:
+                    r = point(server, workload, 1, size // 4, duration, warmup)
+                    r.setdefault("payload_bytes", size)
+                    payload.append(r)
+                    print(
+                        f"{workload} {_size(size)}: "
+                        + (
+                            f"ERROR {r['error']}"
+                            if "error" in r
+                            else f"{r['infer_per_s']:,.1f}/s p50 {r['p50_ms']:.2f} ms, "
+                            f"{r['server_cpu_us_per_infer'] or 0:,.0f} us CPU"
+                        ),
+                        flush=True,
+                    )
+            for workload in CONCURRENCY_WORKLOADS:
+                for level in levels:
+                    r = point(server, workload, level, 1, duration, warmup)
+                    concurrency.append(r)
+                    print(
+                        f"{workload} c={level}: "
+                        + (
+                            f"ERROR {r['error']}"
+                            if "error" in r
+                            else f"{r['infer_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms, {r['errors']} errors"
+                        ),
+                        flush=True,
+                    )
+    except KeyboardInterrupt:
+        print("interrupted: the server this run started is stopped")
+        return 130
+    document = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "quick": args.quick,
+            "duration_s": duration,
+            "load_average_before": load_before,
+            "load_average_after": [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]],
+            "elapsed_s": time.monotonic() - began,
+        },
+        "payload": payload,
+        "concurrency": concurrency,
+    }
+    document["checks"] = checks(payload, concurrency)
+    (out / "scale.json").write_text(json.dumps(document, indent=1) + "\n")
+    (out / "scale.md").write_text(markdown(document))
+    chart(document, out / "scale.png")
+    print((out / "scale.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The two benchmark models for KServe 0.21.0: `python kserve_server.py --http_port N --grpc_port M`.
+
+KServe's defaults otherwise (one uvicorn worker, access and latency logging on). Pitfalls from
+shared/research/bench-baselines.md: a response needs a string id, and `use_binary_outputs` is passed for REST only
+(over gRPC, ndarray outputs go raw anyway).
+"""
+
+import uuid
+
+import numpy as np
+from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+
+
+def _response(model: Model, payload: InferRequest, outputs: dict) -> InferResponse:
+    binary = bool(not payload.from_grpc and payload.use_binary_outputs)
+    infer_outputs = []
+    for name, array in outputs.items():
+        out = InferOutput(name=name, shape=list(array.shape), datatype="INT32" if array.dtype == np.int32 else "FP32")
+        out.set_data_from_numpy(array, binary_data=binary or payload.from_grpc)
+        infer_outputs.append(out)
+    kwargs = {"use_binary_outputs": True} if binary else {}
+    return InferResponse(
+        response_id=payload.id or str(uuid.uuid4()),
+        model_name=model.name,
+        infer_outputs=infer_outputs,
+        from_grpc=payload.from_grpc,
+        **kwargs,
+    )
+
+
+class Simple(Model):
+    def __init__(self) -> None:
+        super().__init__("simple")
+        self.ready = True
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        a = payload.get_input_by_name("INPUT0").as_numpy().reshape(1, 16)
+        b = payload.get_input_by_name("INPUT1").as_numpy().reshape(1, 16)
+        return _response(
+            self, payload, {"OUTPUT0": np.add(a, b, dtype=np.int32), "OUTPUT1": np.subtract(a, b, dtype=np.int32)}
+        )
+
+
+class Identity(Model):
+    def __init__(self) -> None:
+        super().__init__("identity_fp32")
+        self.ready = True
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        item = payload.inputs[0]
+        return _response(self, payload, {"OUTPUT0": item.as_numpy().reshape(item.shape)})
+
+
+if __name__ == "__main__":
+    ModelServer().start([Simple(), Identity()])
