@@ -8,7 +8,8 @@
 #   perf_analyzer/   the perf-analyzer 2.60.0 wheel, unpacked (its binary needs glibc 2.38: see debian13/)
 #   debian13/        Debian 13's libc6, libstdc++6, libgcc-s1, libssl3t64, zlib1g, unpacked (not installed),
 #                    fetched with a private apt state; perf_analyzer runs through its ld-linux (bench/pa.py)
-# Usage: bash bench/setup.sh [CACHE]      (PYTHON=python3.11 to choose the interpreter of the venvs)
+# Usage: bash bench/setup.sh [CACHE]      (PYTHON=python3.11 to choose the interpreter of the venvs;
+#        BENCH_SETUP_ONLY=perf_analyzer for perf_analyzer alone)
 set -euo pipefail
 
 CACHE="${1:-${BENCH_CACHE:-$(dirname "$0")/.cache}}"
@@ -35,9 +36,12 @@ venv() {  # venv NAME PACKAGE...
     touch "$dir/.installed"
 }
 
-venv mlserver "mlserver==$MLSERVER_VERSION" "uvloop==0.21.0"
-venv kserve "kserve==$KSERVE_VERSION"
-venv tools "py-spy==$PYSPY_VERSION"
+# BENCH_SETUP_ONLY=perf_analyzer sets up perf_analyzer alone (the test suite runs it against our server).
+if [[ "${BENCH_SETUP_ONLY:-}" != perf_analyzer ]]; then
+    venv mlserver "mlserver==$MLSERVER_VERSION" "uvloop==0.21.0"
+    venv kserve "kserve==$KSERVE_VERSION"
+    venv tools "py-spy==$PYSPY_VERSION"
+fi
 if [[ "${BENCH_TRITON:-0}" == 1 && ! -f "$CACHE/venv-tools/.pytriton" ]]; then
     echo "setup: nvidia-pytriton $PYTRITON_VERSION (optional)"
     if timeout 900 "$CACHE/venv-tools/bin/python" -m pip install "${pip_quiet[@]}" "nvidia-pytriton==$PYTRITON_VERSION"; then
