@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,22 @@ def oipgen(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> s
         [str(BIN / "oipgen"), *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})},
         timeout=300,
     )
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Iterator[Any]:
+    """An httpx client of the module's `server` (a `serving.Server`)."""
+    with server.http_client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def stub(server: Any) -> Iterator[Any]:
+    """A gRPC stub (the generated package's) on the module's `server`."""
+    from oip.grpc import grpc_service_pb2_grpc
+
+    with server.channel() as channel:
+        yield grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
 @pytest.fixture(scope="session")

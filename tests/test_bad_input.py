@@ -37,18 +37,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpx.Client]:
-    with server.http_client() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def stub(server: Server) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with server.channel() as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
-
-
 # --- REST ---------------------------------------------------------------------------------------------------------
 
 

@@ -144,18 +144,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpx.Client]:
-    with server.http_client() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def stub(server: Server) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with server.channel() as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
 def triton_http(server: Server) -> Iterator[httpclient.InferenceServerClient]:
     client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}", network_timeout=30.0)
     yield client
