@@ -751,3 +751,20 @@ def test_generated_clients(server: Server, http: httpx.Client) -> None:
             assert _texts(result.as_numpy("SCORES")) == ["3.300000:1:dog", "2.400000:2:bird"]
             with pytest.raises(client_errors.InvalidArgument, match="unsupported type 'BOOL'"):
                 client.infer("scores", {"INPUT0": SCORES}, outputs=[ClientOutput("FLAGS", {"classification": 1})])
+
+
+def test_extensions_through_the_generated_clients(server: Server) -> None:
+    """Model configuration, statistics and classification, as the generated clients give them."""
+    from oip.client import GrpcClient, RequestedOutput, RestClient
+
+    with RestClient(server.url) as rest, GrpcClient(server.target) as grpc_client:
+        for client in (rest, grpc_client):
+            config = client.model_config("scores")
+            assert config.name == "scores" and [i.name for i in config.input or []] == ["INPUT0"]
+            result = client.infer("scores", {"INPUT0": SCORES},
+                                  [RequestedOutput("SCORES", {"classification": 2}), "COUNTS"])
+            assert [x.decode() for x in result.as_numpy("SCORES").tolist()] == ["3.300000:1:dog", "2.400000:2:bird"]
+            assert result.as_numpy("COUNTS").tolist() == [5, 33, 24, -10]
+            stats = client.model_statistics("scores").model_stats
+            assert [s.name for s in stats] == ["scores"] and (stats[0].inference_count or 0) >= 1
+        assert rest.model_config("scores") == grpc_client.model_config("scores")
