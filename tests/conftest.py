@@ -44,6 +44,26 @@ def stub(server: Any) -> Iterator[Any]:
         yield grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
+@pytest.fixture(scope="module")
+def triton_http(server: Any) -> Iterator[Any]:
+    """tritonclient's HTTP client on the module's `server`."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}", network_timeout=30.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def triton_grpc(server: Any) -> Iterator[Any]:
+    """tritonclient's gRPC client on the module's `server`."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=server.target)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def api():  # type: ignore[no-untyped-def]
     from oipgen.load import load_spec

@@ -345,3 +345,15 @@ def check_simple(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> 
     reply = stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT)
     assert codec.from_raw(reply.raw_output_contents[0], "INT32", [16]).tolist() == outputs[0]["data"]
     assert stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT).live
+
+
+class Recording(httpx.HTTPTransport):
+    """An HTTP transport that records what it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        return super().handle_request(request)

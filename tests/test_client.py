@@ -42,7 +42,7 @@ from oip.client import (
     Unavailable,
     Unimplemented,
 )
-from serving import Server, build_repository, example_models, running
+from serving import Recording, Server, build_repository, example_models, running
 
 pytestmark = pytest.mark.anyio
 
@@ -588,18 +588,6 @@ def test_already_exists_is_an_invalid_argument() -> None:
 
 
 # --- REST specifics: binary negotiation, headers, connection reuse ------------------------------------------------
-
-
-class Recording(httpx.HTTPTransport):
-    """An HTTP transport that records what it sends."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[httpx.Request] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append(request)
-        return super().handle_request(request)
 
 
 def test_rest_binary_negotiation_and_headers(server: Server) -> None:

@@ -44,6 +44,7 @@ from oip.client import (
 from oip.client import grpc as client_grpc
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+from serving import Recording
 
 MLSERVER = "mlserver==1.7.1"
 INSTALL_TIMEOUT = 900.0
@@ -170,16 +171,6 @@ def mlserver(mlserver_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield server
     finally:
         server.stop()
-
-
-class Recording(httpx.HTTPTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[httpx.Request] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append(request)
-        return super().handle_request(request)
 
 
 def check_simple(result: InferResult) -> None:

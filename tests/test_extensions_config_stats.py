@@ -143,20 +143,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def triton_http(server: Server) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}", network_timeout=30.0)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def triton_grpc(server: Server) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(url=server.target)
-    yield client
-    client.close()
-
-
 def as_rest(message: Message) -> Any:
     """A message's JSON as the REST bodies of these extensions write it: proto field names, every field without
     presence at its default too, 64-bit integers as numbers (proto3 JSON makes them strings)."""

@@ -56,20 +56,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}", network_timeout=30.0)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server: Server) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(url=server.target)
-    yield client
-    client.close()
-
-
 def _simple_inputs(module: Any, binary_data: bool | None = None) -> list[Any]:
     inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]
     for tensor, data in zip(inputs, (INPUT0, INPUT1), strict=True):
@@ -107,26 +93,26 @@ def _server_grpc_error(server: Server, method: str, request: Any) -> tuple[grpc.
 # tritonclient.http
 
 
-def test_http_health(http: httpclient.InferenceServerClient) -> None:
-    assert http.is_server_live()
-    assert http.is_server_ready()
+def test_http_health(triton_http: httpclient.InferenceServerClient) -> None:
+    assert triton_http.is_server_live()
+    assert triton_http.is_server_ready()
     for name in MODELS:
-        assert http.is_model_ready(name)
-    assert http.is_model_ready("simple", "1")
-    assert not http.is_model_ready("no_such_model")
-    assert not http.is_model_ready("simple", "7")
+        assert triton_http.is_model_ready(name)
+    assert triton_http.is_model_ready("simple", "1")
+    assert not triton_http.is_model_ready("no_such_model")
+    assert not triton_http.is_model_ready("simple", "7")
 
 
-def test_http_server_metadata(http: httpclient.InferenceServerClient) -> None:
-    metadata = http.get_server_metadata()
+def test_http_server_metadata(triton_http: httpclient.InferenceServerClient) -> None:
+    metadata = triton_http.get_server_metadata()
     assert set(metadata) == {"name", "version", "extensions"}
     assert isinstance(metadata["name"], str) and isinstance(metadata["version"], str)
     # tritonclient's HTTP default is the binary tensor data extension; the server must say it has it
     assert "binary_tensor_data" in metadata["extensions"]
 
 
-def test_http_model_metadata(http: httpclient.InferenceServerClient) -> None:
-    metadata = http.get_model_metadata("simple")
+def test_http_model_metadata(triton_http: httpclient.InferenceServerClient) -> None:
+    metadata = triton_http.get_model_metadata("simple")
     assert metadata["name"] == "simple" and metadata["versions"] == ["1"] and isinstance(metadata["platform"], str)
     assert metadata["inputs"] == [
         {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16]},
@@ -136,17 +122,18 @@ def test_http_model_metadata(http: httpclient.InferenceServerClient) -> None:
         {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]},
         {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16]},
     ]
-    assert http.get_model_metadata("simple", "1") == metadata
-    assert http.get_model_metadata("identity_fp32")["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}]
+    assert triton_http.get_model_metadata("simple", "1") == metadata
+    expected = [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}]
+    assert triton_http.get_model_metadata("identity_fp32")["inputs"] == expected
 
 
-def test_http_simple_example_flow(http: httpclient.InferenceServerClient) -> None:
+def test_http_simple_example_flow(triton_http: httpclient.InferenceServerClient) -> None:
     """simple_http_infer_client.py: binary inputs; OUTPUT0 binary, OUTPUT1 as JSON."""
     outputs = [
         httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
         httpclient.InferRequestedOutput("OUTPUT1", binary_data=False),
     ]
-    result = http.infer("simple", _simple_inputs(httpclient), outputs=outputs, request_id="7")
+    result = triton_http.infer("simple", _simple_inputs(httpclient), outputs=outputs, request_id="7")
     _check_simple(result)
     response = result.get_response()
     assert response["id"] == "7" and response["model_name"] == "simple" and response["model_version"] == "1"
@@ -155,23 +142,23 @@ def test_http_simple_example_flow(http: httpclient.InferenceServerClient) -> Non
     assert second["data"] == (INPUT0 - INPUT1).ravel().tolist()
 
 
-def test_http_json_everywhere(http: httpclient.InferenceServerClient) -> None:
+def test_http_json_everywhere(triton_http: httpclient.InferenceServerClient) -> None:
     outputs = [httpclient.InferRequestedOutput(n, binary_data=False) for n in ("OUTPUT0", "OUTPUT1")]
-    result = http.infer("simple", _simple_inputs(httpclient, binary_data=False), outputs=outputs)
+    result = triton_http.infer("simple", _simple_inputs(httpclient, binary_data=False), outputs=outputs)
     _check_simple(result)
     assert all("data" in o and "parameters" not in o for o in result.get_response()["outputs"])
 
 
-def test_http_no_outputs_listed_means_every_output_binary(http: httpclient.InferenceServerClient) -> None:
+def test_http_no_outputs_listed_means_every_output_binary(triton_http: httpclient.InferenceServerClient) -> None:
     # tritonclient adds `binary_data_output: true` when no outputs are listed
-    result = http.infer("simple", _simple_inputs(httpclient))
+    result = triton_http.infer("simple", _simple_inputs(httpclient))
     _check_simple(result)
     assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT0", "OUTPUT1"]
     assert all(o["parameters"]["binary_data_size"] == 64 for o in result.get_response()["outputs"])
 
 
-def test_http_versioned_and_filtered(http: httpclient.InferenceServerClient) -> None:
-    result = http.infer(
+def test_http_versioned_and_filtered(triton_http: httpclient.InferenceServerClient) -> None:
+    result = triton_http.infer(
         "simple", _simple_inputs(httpclient), model_version="1",
         outputs=[httpclient.InferRequestedOutput("OUTPUT1")],
     )
@@ -180,70 +167,72 @@ def test_http_versioned_and_filtered(http: httpclient.InferenceServerClient) -> 
 
 
 @pytest.mark.parametrize("binary_data", [True, False])
-def test_http_fp32_identity(http: httpclient.InferenceServerClient, binary_data: bool) -> None:
+def test_http_fp32_identity(triton_http: httpclient.InferenceServerClient, binary_data: bool) -> None:
     tensor = httpclient.InferInput("INPUT0", [len(FP32)], "FP32")
     tensor.set_data_from_numpy(FP32, binary_data=binary_data)
     output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_data)
-    result = http.infer("identity_fp32", [tensor], outputs=[output])
+    result = triton_http.infer("identity_fp32", [tensor], outputs=[output])
     assert result.as_numpy("OUTPUT0").dtype == np.float32
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), FP32)
 
 
 @pytest.mark.parametrize("binary_data", [True, False])
-def test_http_bytes_identity(http: httpclient.InferenceServerClient, binary_data: bool) -> None:
+def test_http_bytes_identity(triton_http: httpclient.InferenceServerClient, binary_data: bool) -> None:
     tensor = httpclient.InferInput("INPUT0", [len(BYTES)], "BYTES")
     tensor.set_data_from_numpy(BYTES, binary_data=binary_data)
     output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_data)
-    result = http.infer("identity_bytes", [tensor], outputs=[output])
+    result = triton_http.infer("identity_bytes", [tensor], outputs=[output])
     got = result.as_numpy("OUTPUT0")
     # JSON carries BYTES as UTF-8 strings, which tritonclient hands back as str; binary gives bytes
     assert [x if isinstance(x, bytes) else x.encode() for x in got.tolist()] == BYTES.tolist()
     assert got.shape == (len(BYTES),)
 
 
-def test_http_mixed_json_and_binary_inputs(http: httpclient.InferenceServerClient) -> None:
+def test_http_mixed_json_and_binary_inputs(triton_http: httpclient.InferenceServerClient) -> None:
     first, second = _simple_inputs(httpclient, binary_data=False)
     second.set_data_from_numpy(INPUT1, binary_data=True)
-    _check_simple(http.infer("simple", [first, second]))
+    _check_simple(triton_http.infer("simple", [first, second]))
 
 
-def test_http_unknown_model_raises_the_server_message(server: Server, http: httpclient.InferenceServerClient) -> None:
+def test_http_unknown_model_raises_the_server_message(
+    server: Server, triton_http: httpclient.InferenceServerClient
+) -> None:
     body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
     status, message = _server_rest_error(server, "/v2/models/no_such_model/infer", body)
     tensor = httpclient.InferInput("INPUT0", [1], "FP32")
     tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32), binary_data=False)
     with pytest.raises(InferenceServerException) as info:
-        http.infer("no_such_model", [tensor])
+        triton_http.infer("no_such_model", [tensor])
     assert (info.value.status(), info.value.message()) == (str(status), message) and status == 404
     with pytest.raises(InferenceServerException) as info:
-        http.get_model_metadata("no_such_model")
+        triton_http.get_model_metadata("no_such_model")
     assert info.value.status() == "404" and info.value.message() == _server_rest_error(
         server, "/v2/models/no_such_model"
     )[1]
 
 
-def test_http_invalid_input_raises_the_server_message(http: httpclient.InferenceServerClient) -> None:
+def test_http_invalid_input_raises_the_server_message(triton_http: httpclient.InferenceServerClient) -> None:
     tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")  # simple takes INT32
     tensor.set_data_from_numpy(INPUT0.astype(np.float32))
     other = httpclient.InferInput("INPUT1", [1, 16], "INT32")
     other.set_data_from_numpy(INPUT1)
     with pytest.raises(InferenceServerException) as info:
-        http.infer("simple", [tensor, other])
+        triton_http.infer("simple", [tensor, other])
     assert info.value.status() == "400" and info.value.message()
     assert "an exception occurred in the client" not in info.value.message()
 
 
-def test_http_repository_index(http: httpclient.InferenceServerClient) -> None:
+def test_http_repository_index(triton_http: httpclient.InferenceServerClient) -> None:
     # tritonclient POSTs /v2/repository/index with an empty body
-    index = http.get_model_repository_index()
+    index = triton_http.get_model_repository_index()
     assert [(m["name"], m.get("version"), m["state"]) for m in index] == [
         (name, "1", "READY") for name in sorted(MODELS)
     ]
 
 
-def test_http_compressed_responses(http: httpclient.InferenceServerClient) -> None:
+def test_http_compressed_responses(triton_http: httpclient.InferenceServerClient) -> None:
     for algorithm in ("gzip", "deflate"):  # tritonclient sends Accept-Encoding and inflates what comes back
-        _check_simple(http.infer("simple", _simple_inputs(httpclient), response_compression_algorithm=algorithm))
+        _check_simple(triton_http.infer("simple", _simple_inputs(httpclient), response_compression_algorithm=algorithm))
 
 
 # Known gaps: what tritonclient (and Triton's example clients, perf_analyzer) expect that the server does not do
@@ -251,23 +240,23 @@ def test_http_compressed_responses(http: httpclient.InferenceServerClient) -> No
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_http_compressed_requests(http: httpclient.InferenceServerClient, algorithm: str) -> None:
-    _check_simple(http.infer("simple", _simple_inputs(httpclient), request_compression_algorithm=algorithm))
+def test_http_compressed_requests(triton_http: httpclient.InferenceServerClient, algorithm: str) -> None:
+    _check_simple(triton_http.infer("simple", _simple_inputs(httpclient), request_compression_algorithm=algorithm))
 
 
 # tritonclient's simple_*_infer_client examples call get_inference_statistics; perf_analyzer needs both.
 @pytest.mark.parametrize("call", ["http_statistics", "http_config", "grpc_statistics", "grpc_config"])
 def test_statistics_and_model_config(
-    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient, call: str
+    triton_http: httpclient.InferenceServerClient, triton_grpc: grpcclient.InferenceServerClient, call: str
 ) -> None:
     if call == "http_statistics":
-        assert len(http.get_inference_statistics("simple")["model_stats"]) == 1
+        assert len(triton_http.get_inference_statistics("simple")["model_stats"]) == 1
     elif call == "http_config":
-        assert http.get_model_config("simple")["name"] == "simple"
+        assert triton_http.get_model_config("simple")["name"] == "simple"
     elif call == "grpc_statistics":
-        assert len(grpc_client.get_inference_statistics("simple").model_stats) == 1
+        assert len(triton_grpc.get_inference_statistics("simple").model_stats) == 1
     else:
-        assert grpc_client.get_model_config("simple").config.name == "simple"
+        assert triton_grpc.get_model_config("simple").config.name == "simple"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -303,26 +292,26 @@ def test_http_aio(server: Server) -> None:
 # tritonclient.grpc
 
 
-def test_grpc_health(grpc_client: grpcclient.InferenceServerClient) -> None:
-    assert grpc_client.is_server_live()
-    assert grpc_client.is_server_ready()
+def test_grpc_health(triton_grpc: grpcclient.InferenceServerClient) -> None:
+    assert triton_grpc.is_server_live()
+    assert triton_grpc.is_server_ready()
     for name in MODELS:
-        assert grpc_client.is_model_ready(name)
-    assert grpc_client.is_model_ready("simple", "1")
+        assert triton_grpc.is_model_ready(name)
+    assert triton_grpc.is_model_ready("simple", "1")
     with pytest.raises(InferenceServerException) as info:
-        grpc_client.is_model_ready("no_such_model")
+        triton_grpc.is_model_ready("no_such_model")
     assert info.value.status() == "StatusCode.NOT_FOUND"
 
 
-def test_grpc_server_metadata(grpc_client: grpcclient.InferenceServerClient) -> None:
-    metadata = grpc_client.get_server_metadata()
+def test_grpc_server_metadata(triton_grpc: grpcclient.InferenceServerClient) -> None:
+    metadata = triton_grpc.get_server_metadata()
     assert metadata.name and metadata.version and "binary_tensor_data" in metadata.extensions
-    as_json = grpc_client.get_server_metadata(as_json=True)
+    as_json = triton_grpc.get_server_metadata(as_json=True)
     assert as_json["name"] == metadata.name
 
 
-def test_grpc_model_metadata(grpc_client: grpcclient.InferenceServerClient) -> None:
-    metadata = grpc_client.get_model_metadata("simple")
+def test_grpc_model_metadata(triton_grpc: grpcclient.InferenceServerClient) -> None:
+    metadata = triton_grpc.get_model_metadata("simple")
     assert metadata.name == "simple" and list(metadata.versions) == ["1"]
     assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [
         ("INPUT0", "INT32", [1, 16]), ("INPUT1", "INT32", [1, 16])
@@ -330,35 +319,35 @@ def test_grpc_model_metadata(grpc_client: grpcclient.InferenceServerClient) -> N
     assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [
         ("OUTPUT0", "INT32", [1, 16]), ("OUTPUT1", "INT32", [1, 16])
     ]
-    as_json = grpc_client.get_model_metadata("identity_fp32", as_json=True)
+    as_json = triton_grpc.get_model_metadata("identity_fp32", as_json=True)
     assert as_json["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1"]}]
 
 
-def test_grpc_simple_example_flow(grpc_client: grpcclient.InferenceServerClient) -> None:
+def test_grpc_simple_example_flow(triton_grpc: grpcclient.InferenceServerClient) -> None:
     """simple_grpc_infer_client.py: raw_input_contents in, raw_output_contents out."""
     outputs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT1")]
-    result = grpc_client.infer("simple", _simple_inputs(grpcclient), outputs=outputs, request_id="7",
+    result = triton_grpc.infer("simple", _simple_inputs(grpcclient), outputs=outputs, request_id="7",
                                headers={"test": "1"}, client_timeout=30)
     _check_simple(result)
     response = result.get_response()
     assert response.id == "7" and response.model_name == "simple" and response.model_version == "1"
     assert len(response.raw_output_contents) == 2
-    _check_simple(grpc_client.infer("simple", _simple_inputs(grpcclient)))  # no outputs listed: every output
+    _check_simple(triton_grpc.infer("simple", _simple_inputs(grpcclient)))  # no outputs listed: every output
 
 
-def test_grpc_fp32_and_bytes_identity(grpc_client: grpcclient.InferenceServerClient) -> None:
+def test_grpc_fp32_and_bytes_identity(triton_grpc: grpcclient.InferenceServerClient) -> None:
     tensor = grpcclient.InferInput("INPUT0", [len(FP32)], "FP32")
     tensor.set_data_from_numpy(FP32)
-    got = grpc_client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0")
+    got = triton_grpc.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0")
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, FP32)
     tensor = grpcclient.InferInput("INPUT0", [len(BYTES)], "BYTES")
     tensor.set_data_from_numpy(BYTES)
-    assert grpc_client.infer("identity_bytes", [tensor]).as_numpy("OUTPUT0").tolist() == BYTES.tolist()
+    assert triton_grpc.infer("identity_bytes", [tensor]).as_numpy("OUTPUT0").tolist() == BYTES.tolist()
 
 
 def test_grpc_unknown_model_raises_the_server_message(
-    server: Server, grpc_client: grpcclient.InferenceServerClient
+    server: Server, triton_grpc: grpcclient.InferenceServerClient
 ) -> None:
     tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
     tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
@@ -367,16 +356,16 @@ def test_grpc_unknown_model_raises_the_server_message(
     request.raw_input_contents.append(np.array([1.0], dtype="<f4").tobytes())
     code, details = _server_grpc_error(server, "ModelInfer", request)
     with pytest.raises(InferenceServerException) as info:
-        grpc_client.infer("no_such_model", [tensor])
+        triton_grpc.infer("no_such_model", [tensor])
     assert (info.value.status(), info.value.message()) == (str(code), details)
     assert code == grpc.StatusCode.NOT_FOUND
     with pytest.raises(InferenceServerException) as info:
-        grpc_client.get_model_metadata("no_such_model")
+        triton_grpc.get_model_metadata("no_such_model")
     assert info.value.status() == "StatusCode.NOT_FOUND" and info.value.message()
 
 
-def test_grpc_repository_index(grpc_client: grpcclient.InferenceServerClient) -> None:
-    index = grpc_client.get_model_repository_index()
+def test_grpc_repository_index(triton_grpc: grpcclient.InferenceServerClient) -> None:
+    index = triton_grpc.get_model_repository_index()
     assert [(m.name, m.version, m.state) for m in index.models] == [(name, "1", "READY") for name in sorted(MODELS)]
 
 
