@@ -63,46 +63,17 @@ def load_average() -> list[float]:
     return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def python_for_loadgen() -> str:
-    return sys.executable
-
-
 def loadgen(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement by bench/loadgen.py in its own process on the client CPU."""
-    duration = args.duration * (2 if scenario.long else 1)
-    argv = [
-        "taskset",
-        "-c",
-        CLIENT_CPU,
-        python_for_loadgen(),
-        str(BENCH / "loadgen.py"),
-        "--rest",
-        server.rest,
-        "--grpc",
-        server.grpc,
-        "--workload",
+    return servers.run_loadgen(
+        server,
         scenario.workload,
-        "-c",
-        str(scenario.concurrency),
-        "-d",
-        str(duration),
-        "-w",
-        str(args.warmup),
-        "--elements",
-        str(args.elements),
-        "--server-pid",
-        str(server.pid),
-        "--timeout",
-        str(args.request_timeout),
-    ]
-    limit = duration + args.warmup + args.request_timeout * 2 + 60
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the load generator did not finish within {limit:.0f} s"}
-    if done.returncode != 0 or not done.stdout.strip():
-        return {"error": f"load generator exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+        concurrency=scenario.concurrency,
+        duration=args.duration * (2 if scenario.long else 1),
+        warmup=args.warmup,
+        elements=args.elements,
+        request_timeout=args.request_timeout,
+    )
 
 
 def run_pa(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:

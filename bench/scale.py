@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import servers
-from servers import BENCH, CLIENT_CPU
+from servers import BENCH
 
 SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KB .. 64 MB
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -45,40 +44,13 @@ def _size(n: float) -> str:
 def point(
     server: servers.Running, workload: str, concurrency: int, elements: int, duration: float, warmup: float
 ) -> dict[str, Any]:
-    argv = [
-        "taskset",
-        "-c",
-        CLIENT_CPU,
-        sys.executable,
-        str(BENCH / "loadgen.py"),
-        "--rest",
-        server.rest,
-        "--grpc",
-        server.grpc,
-        "--workload",
-        workload,
-        "-c",
-        str(concurrency),
-        "-d",
-        str(duration),
-        "-w",
-        str(warmup),
-        "--elements",
-        str(elements),
-        "--server-pid",
-        str(server.pid),
-        "--timeout",
-        "60",
-        "--max-requests",
-        "200000",
-    ]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + warmup + 180, check=False)
-    except subprocess.TimeoutExpired:
-        return {"workload": workload, "concurrency": concurrency, "error": "timed out"}
-    if done.returncode != 0:
-        return {"workload": workload, "concurrency": concurrency, "error": done.stderr.strip()[-300:]}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    result = servers.run_loadgen(
+        server, workload, concurrency=concurrency, duration=duration, warmup=warmup, elements=elements,
+        request_timeout=60, extra=("--max-requests", "200000"), limit=duration + warmup + 180,
+    )
+    if "error" in result:
+        return {"workload": workload, "concurrency": concurrency, **result}
+    return result
 
 
 def checks(payload: list[dict[str, Any]], concurrency: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:

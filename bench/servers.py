@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from loadgen import rss_kib
 
@@ -211,3 +213,33 @@ def running(name: str, cache: Path, workdir: Path) -> Iterator[Running]:
         yield server
     finally:
         stop(server)
+
+
+def run_loadgen(
+    running: Running,
+    workload: str,
+    *,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    elements: int,
+    request_timeout: float,
+    extra: tuple[str, ...] = (),
+    limit: float | None = None,
+) -> dict[str, Any]:
+    """One measurement by bench/loadgen.py in its own process, pinned to the client CPU; its JSON result, or
+    {"error": ...}."""
+    argv = [
+        "taskset", "-c", CLIENT_CPU, sys.executable, str(BENCH / "loadgen.py"),
+        "--rest", running.rest, "--grpc", running.grpc, "--workload", workload,
+        "-c", str(concurrency), "-d", str(duration), "-w", str(warmup), "--elements", str(elements),
+        "--server-pid", str(running.pid), "--timeout", str(request_timeout), *extra,
+    ]
+    limit = limit if limit is not None else duration + warmup + request_timeout * 2 + 60
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the load generator did not finish within {limit:.0f} s"}
+    if done.returncode != 0 or not done.stdout.strip():
+        return {"error": f"load generator exit {done.returncode}: {done.stderr.strip()[-300:]}"}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
