@@ -86,9 +86,8 @@ TRANSPORT_PARAMETERS: Final = frozenset({"binary_data_output"})
 
 # The classification extension: a requested output's parameter asking for its top k elements as class strings.
 CLASSIFICATION: Final = "classification"
-_CLASSIFIABLE: Final = frozenset(
-    {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"}
-)
+# Triton ranks integer and float outputs that have a JSON form (not BOOL, FP16, BF16 or BYTES).
+_CLASSIFIABLE: Final = frozenset(d.name for d in datatypes.DATATYPES if d.json and d.dtype.kind in "iuf")
 _CLASSIFICATION_LIMIT: Final = 1_000_000  # elements of one output (Triton's limit)
 # Request parameter keys starting with this are reserved (Triton's parameters extension), except these, which
 # steer the server (the stream's empty final response) and never reach the model.

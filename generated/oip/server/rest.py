@@ -732,15 +732,17 @@ async def raw_binary_request(
         )
     spec = meta.inputs[0]
     dims = list(spec.shape)
-    if spec.datatype == "BYTES":
+    info = datatypes.get(spec.datatype)
+    if info is None:
+        raise InvalidRequest(f"input '{spec.name}' has datatype {spec.datatype!r}, which has no raw form")
+    if info.variable:  # BYTES: the body is one element, since nothing says where elements would end
         if dims != [1]:
-            raise InvalidRequest(f"a raw binary BYTES input must be declared with shape [1]; '{spec.name}' has {dims}")
+            raise InvalidRequest(
+                f"a raw binary {spec.datatype} input must be declared with shape [1]; '{spec.name}' has {dims}"
+            )
         array: npt.NDArray[Any] = np.empty(1, dtype=object)
         array[0] = raw
-        return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, "BYTES", [1], array)])
-    info = datatypes.get(spec.datatype)
-    if info is None or not info.size:
-        raise InvalidRequest(f"input '{spec.name}' has datatype {spec.datatype!r}, which has no raw form")
+        return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, spec.datatype, [1], array)])
     variable = [i for i, d in enumerate(dims) if d < 0]
     known = int(np.prod([d for d in dims if d >= 0], dtype=np.int64)) if dims else 1
     if len(variable) > 1:
