@@ -775,6 +775,19 @@ def _fill(b: _Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out
                 raise ConvertError(str(e)) from e
 
 
+def params_to_proto(message: str, params: Mapping[str, Any], target: Any) -> None:
+    """Fill `target`, a protobuf map of `message` values (a parameters map such as `map<string, InferParameter>`),
+    from JSON scalars; ConvertError names a value that has no form there."""
+    _fill_params(_PARAMS[message], params, target)
+
+
+def params_from_proto(message: str, entries: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON scalars of a protobuf map of `message` values; entries with no case set are left out."""
+    cases = _PARAMS[message]
+    out = {key: _param_value(cases, entries[key]) for key in entries}
+    return {key: value for key, value in out.items() if value is not None}
+
+
 def _fill_params(cases: _ParamCases, params: Mapping[str, Any], target: Any) -> None:
     for key, value in params.items():
         if value is None:

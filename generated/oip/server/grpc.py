@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
-from .. import codec
+from .. import codec, convert
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc
@@ -42,15 +42,8 @@ _T = TypeVar("_T")
 _M = TypeVar("_M", bound=Message)
 Context: TypeAlias = "grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]"
 _SHARED_MEMORY: Final = "shared_memory_region"  # input parameters: data held by the shared memory extension
-# The cases of inference.InferParameter, the value of every parameters map of inference messages.
-_PARAM_ONEOF: Final = 'parameter_choice'
-_PARAM_BOOL: Final = 'bool_param'
-_PARAM_INT: Final = 'int64_param'
-_PARAM_UINT: Final = 'uint64_param'
-_PARAM_FLOAT: Final = 'double_param'
-_PARAM_STR: Final = 'string_param'
-_INT64: Final = (-(2**63), 2**63 - 1)
-_UINT64_MAX: Final = 2**64 - 1
+# The value of every parameters map of inference messages.
+_PARAM_TYPE: Final = 'inference.InferParameter'
 # Inference messages at least this large keep their raw tensor bytes out of the protobuf message: the request's
 # are read as views of the received bytes, the response's are written after the serialized rest (no copies).
 _BIG: Final = 1 << 16
@@ -522,34 +515,15 @@ def _request_error(message: pb_grpc_service.ModelInferRequest, exc: Exception) -
 
 
 def _params_from_proto(entries: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, entry in entries.items():
-        which = entry.WhichOneof(_PARAM_ONEOF)
-        if which is not None:
-            out[key] = getattr(entry, which)
-    return out
+    return convert.params_from_proto(_PARAM_TYPE, entries)
 
 
 def _params_to_proto(params: Mapping[str, Any], target: MutableMapping[str, Any], where: str) -> None:
     """Fill a parameters map: bool, int (int64, or uint64 above its range), float and str values."""
-    for key, value in params.items():
-        if isinstance(value, bool):
-            case = _PARAM_BOOL
-        elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
-            case = _PARAM_INT
-        elif isinstance(value, int) and 0 <= value <= _UINT64_MAX:
-            case = _PARAM_UINT
-        elif isinstance(value, float):
-            case = _PARAM_FLOAT
-        elif isinstance(value, str):
-            case = _PARAM_STR
-        else:
-            case = None
-        if case is None:
-            raise ModelFailure(
-                f"{where} parameter '{key}' = {value!r} has no gRPC form (booleans, integers, floats, strings)"
-            )
-        setattr(target[key], case, value)
+    try:
+        convert.params_to_proto(_PARAM_TYPE, params, target)
+    except convert.ConvertError as exc:
+        raise ModelFailure(f"{where} {exc}") from None
 
 
 def decode_infer_request(
