@@ -23,10 +23,12 @@ test: $(STAMP)
 goldens: $(STAMP)
 	$(BIN)/oipgen build --target all
 
-## lint: ruff and mypy over oipgen and the tests
+## lint: ruff over oipgen (runtime included), the tests and bench; mypy strict over oipgen and over a fresh build of
+##   the package (where the runtime modules are type-checked with the generated code they import)
 lint: $(STAMP)
 	$(BIN)/ruff check oipgen tests bench
 	$(BIN)/mypy
+	$(BIN)/python tests/typecheck.py
 
 ## serve: build, then serve the example models (examples/models) over REST on :8000 and gRPC on :8001
 serve: build

@@ -62,7 +62,7 @@ def _hash_tree(total: hashlib._Hash, label: str, root: Path) -> None:
 def inputs_hash(opts: BuildOptions) -> str:
     """A hash of everything the output depends on: spec inputs, templates, options and tool versions."""
     from .load import hash_files, spec_inputs
-    from .render import template_dirs
+    from .render import builtin_runtime, template_dirs
     from .targets import resolve
 
     total = hashlib.sha256()
@@ -74,6 +74,7 @@ def inputs_hash(opts: BuildOptions) -> str:
     total.update(f"spec {spec_hash}\n".encode())
     for i, d in enumerate(template_dirs(opts.templates)):
         _hash_tree(total, f"templates{i}", d)
+    _hash_tree(total, "runtime", builtin_runtime())
     return total.hexdigest()
 
 
@@ -84,7 +85,7 @@ def build_tree(opts: BuildOptions) -> Tree:
     from .targets import Context, build, requirements, resolve
 
     api = load_spec(opts.spec)
-    header = header_lines(api.spec_hash)
+    header = header_lines()
     renderer = Renderer(
         opts.templates, {"api": api, "package": opts.package, "header": header, "oipgen_version": __version__}
     )

@@ -71,8 +71,10 @@ def requirements(targets: list[str]) -> list[str]:
 
 
 def render_folder(ctx: Context, tree: Tree, folder: str, extra: tuple[str, ...] = ()) -> None:
-    """Render every template under `folder/` (built-in or overridden), plus the named `extra` templates that
-    exist, each to the same path without `.jinja`."""
+    """Copy every runtime module under `folder/` and render every template there (built-in or overridden), plus
+    the named `extra` templates that exist, each to the same path without `.jinja`."""
+    for rel, source in ctx.renderer.runtime_files(folder).items():
+        tree.add(rel, ctx.renderer.copy(source))
     available = ctx.renderer.env.list_templates(extensions=["jinja"])
     names = sorted(t for t in available if t.startswith(f"{folder}/"))
     names += [t for t in extra if t in available]

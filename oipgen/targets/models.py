@@ -50,6 +50,6 @@ def build(ctx: Context, tree: Tree) -> None:
     if code.count(placeholder) != 1:
         raise RuntimeError("datamodel-code-generator output has no base-class import to relocate")
     tree.add("models.py", code.replace(placeholder, "from ._base import OipModel"))
-    tree.add("_base.py", ctx.renderer.render("_base.py.jinja"))
+    for rel, source in ctx.renderer.runtime_files("").items():  # _base, codec
+        tree.add(rel, ctx.renderer.copy(source))
     tree.add("datatypes.py", ctx.renderer.render("datatypes.py.jinja"))
-    tree.add("codec.py", ctx.renderer.render("codec.py.jinja"))

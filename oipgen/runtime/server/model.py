@@ -1,8 +1,7 @@
-{{ header }}
 """The model API: subclass `Model`, declare its tensors with `TensorSpec`, and implement `infer`.
 
 ```python
-from {{ package }}.server import Model, TensorSpec
+from oip.server import Model, TensorSpec  # the generated package, under whatever name it has
 
 
 class AddSub(Model):

@@ -1,4 +1,3 @@
-{{ header }}
 """Tensors for the clients: what `infer` takes (numpy arrays, lists, `Tensor`) and what it returns (`InferResult`),
 and the REST encoding of an inference (JSON, or JSON plus binary tensor data) shared by both REST clients.
 

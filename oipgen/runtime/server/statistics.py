@@ -1,4 +1,3 @@
-{{ header }}
 """The statistics extension: per model version, what the data plane measured while it served requests.
 
 One `Statistics` registry per data plane (`DataPlane.statistics`) holds a `ModelStats` per (model, version). The

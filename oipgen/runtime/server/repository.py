@@ -1,4 +1,3 @@
-{{ header }}
 """The model repository: which models exist, which versions of them are loaded, and their state.
 
 Models come from a folder (`ModelRepository(path)`) and from Python (`add(model)`). In the folder, every

@@ -1,8 +1,7 @@
-{{ header }}
 """The Open Inference Protocol server: the model API, the model repository and the data plane.
 
 Write a model by subclassing `Model` (see `model`), put it in a repository folder with a `model.toml` (see
-`repository`) or `add` it to a `ModelRepository`, and serve it with `python -m {{ package }} serve`. The data plane
+`repository`) or `add` it to a `ModelRepository`, and serve it with `python -m <package> serve`. The data plane
 (`DataPlane`) holds the protocol's semantics; the REST and gRPC transports (`server.rest`, `server.grpc`, imported
 on demand) only decode requests and encode answers.
 """

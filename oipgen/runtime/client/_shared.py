@@ -1,4 +1,3 @@
-{{ header }}
 """Helpers shared by the REST and gRPC clients: request bodies, headers, answers."""
 
 from __future__ import annotations

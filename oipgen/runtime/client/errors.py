@@ -1,4 +1,3 @@
-{{ header }}
 """The client's errors: one hierarchy for both transports.
 
 Every error the clients raise is an `OipClientError`. It carries the server's message (`message`), the HTTP

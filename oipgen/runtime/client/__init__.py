@@ -1,4 +1,3 @@
-{{ header }}
 """Clients of the Open Inference Protocol, generated from the spec: REST and gRPC, sync and asyncio.
 
 `RestClient`, `AsyncRestClient`, `GrpcClient` and `AsyncGrpcClient` have the same methods, one per operation of

@@ -1,4 +1,3 @@
-{{ header }}
 """One error model for both transports.
 
 The data plane raises `OipError` with a kind; REST maps the kind to a status and the body `{"error": message}`,

@@ -1,4 +1,3 @@
-{{ header }}
 """The data plane: every semantic rule of the protocol, once, for both transports.
 
 The transports decode a request into the operation's protobuf message (inference: `types.InferRequest`, numpy
@@ -33,6 +32,7 @@ Dynamic batching (`batching`): requests to a model that declares it share model 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -52,8 +52,8 @@ from .errors import InvalidRequest, ModelFailure, NotReady, OipError, Unimplemen
 from .model import Model, TensorSpec
 from .repository import ModelRepository
 from .settings import Settings
-from .shared_memory import REGION, Placement, Region, SharedMemory, placement_of
 from .shared_memory import EXTENSION as SHARED_MEMORY
+from .shared_memory import REGION, Placement, Region, SharedMemory, placement_of
 from .statistics import Statistics
 from .streaming import EMPTY_FINAL, FINAL, Answer, final_response, serve_stream
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -511,10 +511,9 @@ async def _model_results(dataplane: DataPlane, model: Model, prepared: PreparedR
         finally:
             close = getattr(results, "close", None)
             if close is not None:
-                try:
+                # ValueError: still running in its thread (the stream was cancelled): the GC closes it.
+                with contextlib.suppress(ValueError):
                     await asyncio.to_thread(close)
-                except ValueError:  # still running in its thread (the stream was cancelled): the GC closes it
-                    pass
     else:
         yield results
 
@@ -630,7 +629,9 @@ def _check_inputs(model: Model, tensors: Sequence[Tensor]) -> tuple[dict[str, np
                     f"(input '{spec.name}' has {size})"
                 )
             if size < 1:
-                raise InvalidRequest(f"inference request batch-size must be >= 1 for '{model.name}' (input '{spec.name}')")
+                raise InvalidRequest(
+                    f"inference request batch-size must be >= 1 for '{model.name}' (input '{spec.name}')"
+                )
             if batch is None:
                 batch = (spec.name, size)
             elif size != batch[1]:
@@ -740,7 +741,7 @@ def classify(model: Model, spec: TensorSpec, tensor: Tensor, count: int) -> Tens
         top = (width - 1) - np.argsort(row[::-1], kind="stable")[::-1][:k]
         for j, index in enumerate(top.tolist()):
             value = row[index]
-            text = "%f" % float(value) if floating else str(int(value))
+            text = f"{float(value):f}" if floating else str(int(value))
             label = labels[index] if index < len(labels) else ""
             out[r, j] = (f"{text}:{index}:{label}" if label else f"{text}:{index}").encode()
     shape = [rows.shape[0], k] if batching else [k]

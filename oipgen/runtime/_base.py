@@ -1,4 +1,3 @@
-{{ header }}
 """The base class of every model in `models`."""
 
 from typing import Any

@@ -1,7 +1,6 @@
-{{ header }}
 """Serving: the REST app (uvicorn) and the gRPC server (grpc.aio) in one process and one event loop.
 
-`python -m {{ package }} serve --model-repository DIR` loads every model of the repository, listens on both
+`python -m <package> serve --model-repository DIR` loads every model of the repository, listens on both
 ports and serves until SIGTERM or SIGINT; then it stops accepting connections, lets the requests in flight
 finish (up to `--graceful-shutdown-seconds`), unloads the models and exits 0. A second signal exits at once
 with status 128 + the signal's number.
@@ -36,6 +35,8 @@ from .repository import ModelRepository
 from .rest import create_app
 from .settings import Settings
 
+PACKAGE: Final = __name__.rsplit(".", 2)[0]  # the generated package's name, as vendored
+
 __all__ = ["Ports", "build_parser", "configure_logging", "main", "run", "serve", "settings_from_args", "tune_allocator"]
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
                 timespec="milliseconds"
             ),
             "level": record.levelname.lower(),
@@ -274,7 +275,7 @@ def _positive(text: str) -> int:
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The options of `serve` (added to `parser` when given). Defaults are those of `Settings`."""
     defaults = Settings()
-    p = parser or argparse.ArgumentParser(prog="{{ package }} serve", description="Serve models over REST and gRPC.")
+    p = parser or argparse.ArgumentParser(prog=f"{PACKAGE} serve", description="Serve models over REST and gRPC.")
     p.add_argument("--model-repository", type=Path, default=defaults.model_repository, metavar="DIR",
                    help="folder of models: one sub-folder with a model.toml per model")
     p.add_argument("--host", default=defaults.host, help="address to listen on (default: %(default)s)")

@@ -1,10 +1,11 @@
-{{ header }}
-"""Server settings, with safe defaults. Every field can be set from `python -m {{ package }} serve` flags."""
+"""Server settings, with safe defaults. Every field can be set from `python -m <package> serve` flags."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .. import GENERATOR_VERSION
 
 
 @dataclass
@@ -14,7 +15,7 @@ class Settings:
     grpc_port: int | None = 8001  # 0 picks a free port; None serves no gRPC
     model_repository: Path | None = None
     server_name: str = "oip"
-    server_version: str = "{{ oipgen_version }}"
+    server_version: str = GENERATOR_VERSION
     # The REST status of a health answer that says "not ready", and of a NOT_READY error: 503, or 400 as Triton
     # and MLServer answer.
     not_ready_status: int = 503

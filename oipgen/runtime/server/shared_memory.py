@@ -1,4 +1,3 @@
-{{ header }}
 """The system shared memory extension: tensor data in POSIX shared memory instead of the request and response.
 
 A client creates a shared memory object (`shm_open`, on Linux a file under /dev/shm), registers a region of it

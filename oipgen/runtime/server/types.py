@@ -1,4 +1,3 @@
-{{ header }}
 """The data plane's own request and response forms for inference: tensors as numpy arrays.
 
 Both transports decode into these (REST from JSON or binary data, gRPC from typed or raw contents) and encode

@@ -1,4 +1,3 @@
-{{ header }}
 """Streaming inference (`ModelStreamInfer`), as Triton streams.
 
 Requests of one stream run concurrently (at most `MAX_IN_FLIGHT` at a time; reading waits beyond that). What

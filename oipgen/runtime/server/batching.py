@@ -1,4 +1,3 @@
-{{ header }}
 """Dynamic batching: concurrent requests to one model merged into one `infer` call.
 
 A model that declares `dynamic_batching` (and `max_batch_size >= 1`) gets one queue per served version. The data
@@ -25,6 +24,7 @@ model call (with the batch size) and one request per request (with its queue tim
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -188,10 +188,8 @@ class Batcher:
                 queue.pending = deque(e for e in queue.pending if id(e) not in taken and not e.future.done())
                 return batch
             queue.arrival.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(queue.arrival.wait(), (deadline - now) / 1e9)
-            except TimeoutError:
-                pass
 
     async def _run(self, queue: _Queue, batch: list[_Entry]) -> None:
         model = queue.model

@@ -1,4 +1,3 @@
-{{ header }}
 """numpy codecs for tensor data: JSON `data`, raw little-endian bytes and gRPC typed contents.
 
 Every decoder checks the shape first (non-negative integers) and computes the element count without allocating
