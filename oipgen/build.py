@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from .api import is_safe_identifier
-from .output import MANIFEST, Tree, manifest_bytes
+from .output import BESIDE, MANIFEST, Tree, manifest_bytes
 
 # Tools whose output lands in the tree byte for byte: a change of version may change the output.
 TOOLS = ("datamodel-code-generator", "grpcio-tools")
@@ -94,6 +94,9 @@ def build_tree(opts: BuildOptions) -> Tree:
     targets = resolve(list(opts.targets))
     for name in targets:
         build(name, ctx, tree)
+    inside = f"{BESIDE}{opts.package}/"
+    if any(path.startswith(inside) or path == inside[:-1] for path in tree.files):
+        raise RuntimeError(f"a target writes into the package folder through {inside}")
     meta = {
         "@generated": f"by oipgen {__version__}. DO NOT EDIT.",
         "oipgen": __version__,

@@ -139,12 +139,12 @@ def _build(args: argparse.Namespace) -> int:
         print(d.summary(), file=sys.stderr)
         return EXIT_STALE
 
-    from .output import write
+    from .output import display, write
 
     actions = write(opts.package_dir, tree)
     if not args.quiet:
         for action, rel in actions:
-            print(f"  {action:8} {opts.package_dir / rel}")
+            print(f"  {action:8} {display(opts.package_dir, rel)}")
         print(
             f"oipgen {__version__}: {opts.package_dir}: {len(tree.files)} files, {len(actions)} written, "
             f"{len(tree.files) - sum(a != 'removed' for a, _ in actions)} unchanged "

@@ -10,11 +10,17 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 MANIFEST = "_oipgen_manifest.json"
+# Paths are relative to the package directory; one starting with BESIDE names a file beside the package, in the
+# output directory (`../deploy/Containerfile` is `<out>/deploy/Containerfile`). The manifest lists those too, so
+# --check, the golden record and removal of files no longer generated cover them like the package's own.
+BESIDE = "../"
 _IGNORED_DIRS = {"__pycache__", ".mypy_cache", ".pytest_cache"}
 _IGNORED_SUFFIXES = {".pyc", ".pyo"}
 
@@ -30,9 +36,28 @@ class Tree:
     files: dict[str, bytes] = field(default_factory=dict)
 
     def add(self, path: str, content: str | bytes) -> None:
+        inner = path.removeprefix(BESIDE)
+        if not inner or posixpath.normpath(inner) != inner or inner.startswith(("/", "..")):
+            raise ValueError(f"not a plain relative path: {path!r}")
         if path in self.files:
             raise ValueError(f"two targets write {path}")
         self.files[path] = content.encode("utf-8") if isinstance(content, str) else content
+
+    def add_beside(self, path: str, content: str | bytes) -> None:
+        """A file beside the package, in the output directory: `deploy/Containerfile` is
+        `<out>/deploy/Containerfile`."""
+        self.add(BESIDE + path, content)
+
+
+def display(package_dir: Path, rel: str) -> str:
+    """Where a tree path lands, for messages (`generated/deploy/Containerfile`, not `generated/oip/../deploy/...`)."""
+    return posixpath.normpath((package_dir / rel).as_posix())
+
+
+def _beside_roots(paths: Iterable[str]) -> set[str]:
+    """The top-level folders (or files) beside the package that `paths` write into: the places scanned for
+    extra files."""
+    return {BESIDE + p.removeprefix(BESIDE).split("/")[0] for p in paths if p.startswith(BESIDE)}
 
 
 def manifest_bytes(meta: dict[str, Any], tree: Tree) -> bytes:
@@ -48,15 +73,22 @@ def read_manifest(package_dir: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def files_on_disk(package_dir: Path) -> list[str]:
-    if not package_dir.is_dir():
-        return []
+def files_on_disk(package_dir: Path, beside: set[str] | None = None) -> list[str]:
+    """Every file of the package directory, and of the `beside` roots (`../deploy`: that folder beside the
+    package, or that one file), as tree paths."""
     out = []
-    for p in package_dir.rglob("*"):
-        rel = p.relative_to(package_dir)
-        if p.is_dir() or _IGNORED_DIRS & set(rel.parts) or p.suffix in _IGNORED_SUFFIXES:
+    roots = [(package_dir, "")] + [(package_dir / root, root) for root in sorted(beside or ())]
+    for top, prefix in roots:
+        if top.is_file():
+            out.append(prefix)
             continue
-        out.append(rel.as_posix())
+        if not top.is_dir():
+            continue
+        for p in top.rglob("*"):
+            rel = p.relative_to(top)
+            if p.is_dir() or _IGNORED_DIRS & set(rel.parts) or p.suffix in _IGNORED_SUFFIXES:
+                continue
+            out.append(f"{prefix}/{rel.as_posix()}" if prefix else rel.as_posix())
     return sorted(out)
 
 
@@ -68,7 +100,7 @@ def is_current(package_dir: Path, inputs_hash: str) -> bool:
     listed = manifest.get("files")
     if not isinstance(listed, dict):
         return False
-    if files_on_disk(package_dir) != sorted([*listed, MANIFEST]):
+    if files_on_disk(package_dir, _beside_roots(listed)) != sorted([*listed, MANIFEST]):
         return False
     for rel, digest in listed.items():
         try:
@@ -101,7 +133,7 @@ class Diff:
 
 
 def diff(package_dir: Path, tree: Tree) -> Diff:
-    on_disk = set(files_on_disk(package_dir))
+    on_disk = set(files_on_disk(package_dir, _beside_roots(tree.files)))
     changed: list[str] = []
     missing: list[str] = []
     details: list[str] = []

@@ -1,0 +1,68 @@
+"""Files beside the package (`<out>/deploy/...`, `<out>/pyproject.toml`): written, listed in the package's
+manifest, checked by --check and removed when no longer generated, like the package's own files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oipgen.output import MANIFEST, Tree, diff, display, files_on_disk, is_current, manifest_bytes, write
+
+
+def _tree(**beside: str) -> Tree:
+    tree = Tree()
+    tree.add("__init__.py", "# package\n")
+    for path, text in beside.items():
+        tree.add_beside(path.replace("__", "/"), text)
+    tree.add(MANIFEST, manifest_bytes({"inputs_sha256": "x"}, tree))
+    return tree
+
+
+def test_files_beside_the_package_are_written_listed_and_checked(tmp_path: Path) -> None:
+    package = tmp_path / "out" / "pkg"
+    tree = _tree(deploy__Containerfile="FROM x\n", deploy__kserve__runtime_yaml="kind: X\n", top_toml="[a]\n")
+    actions = write(package, tree)
+    assert ("created", "../deploy/Containerfile") in actions
+    assert (tmp_path / "out" / "deploy" / "Containerfile").read_text() == "FROM x\n"
+    assert (tmp_path / "out" / "deploy" / "kserve" / "runtime_yaml").exists()
+    assert (tmp_path / "out" / "top_toml").read_text() == "[a]\n"
+    listed = json.loads((package / MANIFEST).read_text())["files"]
+    assert "../deploy/Containerfile" in listed and "../top_toml" in listed
+    assert is_current(package, "x")
+    assert diff(package, tree).clean
+    assert display(package, "../deploy/Containerfile") == (tmp_path / "out" / "deploy" / "Containerfile").as_posix()
+
+
+def test_check_sees_changed_missing_and_extra_files_beside_the_package(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    tree = _tree(deploy__Containerfile="FROM x\n", deploy__ray__app_py="app = 1\n")
+    write(out / "pkg", tree)
+    (out / "deploy" / "Containerfile").write_text("FROM y\n")
+    assert not is_current(out / "pkg", "x")
+    (out / "deploy" / "Containerfile").write_text("FROM x\n")
+    (out / "deploy" / "ray" / "leftover.py").write_text("\n")
+    assert not is_current(out / "pkg", "x")
+    (out / "deploy" / "ray" / "app_py").unlink()
+    (out / "unrelated.txt").write_text("not ours, never scanned\n")
+    d = diff(out / "pkg", tree)
+    assert d.missing == ["../deploy/ray/app_py"]
+    assert d.extra == ["../deploy/ray/leftover.py"]
+    assert "../unrelated.txt" not in files_on_disk(out / "pkg", {"../deploy"})
+
+
+def test_files_no_longer_generated_beside_the_package_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write(out / "pkg", _tree(deploy__Containerfile="FROM x\n", top_toml="[a]\n"))
+    (out / "deploy" / "mine.txt").write_text("user file\n")
+    actions = write(out / "pkg", _tree())
+    assert ("removed", "../deploy/Containerfile") in actions and ("removed", "../top_toml") in actions
+    assert not (out / "deploy" / "Containerfile").exists() and not (out / "top_toml").exists()
+    assert (out / "deploy" / "mine.txt").read_text() == "user file\n"
+
+
+@pytest.mark.parametrize("path", ["../x", "a/../../x", "/etc/x", "a//b", "./a", ""])
+def test_paths_stay_plain_and_relative(path: str) -> None:
+    with pytest.raises(ValueError, match="plain relative path"):
+        Tree().add_beside(path, "x")
