@@ -9,6 +9,7 @@ ports and serves until SIGTERM or SIGINT; then it stops accepting connections, l
 finish (up to `--graceful-shutdown-seconds`), unloads the models and exits 0. A second signal exits at once
 with status 128 + the signal's number.
 Port 0 picks a free port; `--ports-file F` writes `{"http": N, "grpc": M}` to F once both listen.
+`--workers N` runs N such servers on the same ports under one supervisor (`workers.py`, `cluster.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc.aio
 import uvicorn
@@ -39,9 +40,15 @@ from .repository import ModelRepository
 from .rest import create_app
 from .settings import Settings
 
+if TYPE_CHECKING:
+    from .workers import WorkerRole
+
 PACKAGE: Final = __name__.rsplit(".", 2)[0]  # the generated package's name, as vendored
 
-__all__ = ["Ports", "build_parser", "configure_logging", "main", "run", "serve", "settings_from_args", "tune_allocator"]
+__all__ = [
+    "Ports", "build_parser", "configure_logging", "main", "run", "run_worker", "serve", "settings_from_args",
+    "tune_allocator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            "pid": record.process,  # which worker, with --workers
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -108,10 +116,12 @@ class _Uvicorn(uvicorn.Server):
         return None
 
 
-def _http_socket(host: str, port: int) -> socket.socket:
+def _http_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # one of several workers on this port: the kernel spreads connections over them
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
@@ -135,11 +145,13 @@ async def serve(
     ports_file: Path | None = None,
     started: asyncio.Future[Ports] | None = None,
     stop: asyncio.Event | None = None,
+    worker: WorkerRole | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or until `stop` is set), then drain and return.
 
     Loads every model of `repository` (default: the folder `settings.model_repository`) first. `started`, if
-    given, receives the bound ports once both transports listen.
+    given, receives the bound ports once both transports listen. `worker` makes this process one worker of
+    several (`--workers`): it shares the ports and its control plane with the others.
     """
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -157,7 +169,8 @@ async def serve(
         os._exit(128 + sig)
 
     installed: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # A worker stops on its supervisor's SIGTERM only (Ctrl-C reaches the supervisor, which passes it on).
+    for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
@@ -168,13 +181,22 @@ async def serve(
     http_task: asyncio.Task[None] | None = None
     sockets: list[socket.socket] = []
     grpc_server: grpc.aio.Server | None = None
+    control: Any = None
     if repository is None:
         repository = ModelRepository(settings.model_repository)
     try:
         await repository.load_all()
         if stop.is_set():  # a signal came while the models loaded
             return
-        dataplane = DataPlane(repository, settings)
+        if worker is None:
+            dataplane = DataPlane(repository, settings)
+        else:
+            from .cluster import ClusterDataPlane, ControlServer, Peers, socket_path
+
+            dataplane = ClusterDataPlane(repository, settings, Peers(worker.folder, worker.index, worker.key))
+            control = ControlServer(dataplane, socket_path(worker.folder, worker.index), worker.key, loop)
+            if worker.copy_state:
+                await dataplane.copy_state_from_peers()
         grpc_port: int | None = None
         if settings.grpc_port is not None:
             grpc_server = create_grpc_server(dataplane, settings)
@@ -188,7 +210,7 @@ async def serve(
             await grpc_server.start()
         http_port: int | None = None
         if settings.http_port is not None:
-            sock = _http_socket(settings.host, settings.http_port)
+            sock = _http_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
             sockets.append(sock)
             http_port = int(sock.getsockname()[1])
             config = uvicorn.Config(
@@ -227,6 +249,8 @@ async def serve(
         if not stop.is_set():
             raise RuntimeError("the REST server stopped unexpectedly")
     finally:
+        if control is not None:
+            control.close()
         await _shutdown(settings, http, http_task, grpc_server)
         for sock in sockets:
             sock.close()
@@ -276,6 +300,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> str:
+    if text != "auto":
+        _positive(text)
+    return text
+
+
+def worker_count(value: str) -> int:
+    from .workers import cpu_count
+
+    return cpu_count() if value == "auto" else int(value)
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The options of `serve` (added to `parser` when given). Defaults are those of `Settings`."""
     defaults = Settings()
@@ -287,6 +323,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="REST port; 0 picks a free one, 'off' serves no REST (default: %(default)s)")
     p.add_argument("--grpc-port", type=_port, default=defaults.grpc_port, metavar="PORT",
                    help="gRPC port; 0 picks a free one, 'off' serves no gRPC (default: %(default)s)")
+    p.add_argument("--workers", type=_workers, default="1", metavar="N",
+                   help="server processes sharing the ports (SO_REUSEPORT) under one supervisor; 'auto': one per "
+                        "available core (default: %(default)s)")
     p.add_argument("--ports-file", type=Path, metavar="FILE",
                    help='once listening, write {"http": N, "grpc": M} to FILE (for tests and scripts)')
     p.add_argument("--server-name", default=defaults.server_name, help="name in server metadata")
@@ -372,14 +411,30 @@ def run(args: argparse.Namespace) -> int:
     """Serve with the options `build_parser` parsed; the exit status."""
     settings = settings_from_args(args)
     configure_logging(settings.log_level, args.log_format)
-    if tune_allocator():
-        log.debug("allocator: buffers up to %d bytes stay on the heap", _MMAP_THRESHOLD)
     if settings.model_repository is not None and not settings.model_repository.is_dir():
         log.error("model repository %s is not a directory", settings.model_repository)
         return 2
+    workers = worker_count(args.workers)
+    if workers > 1:
+        from .workers import supervise
+
+        return supervise(args, workers)
+    return _serve_process(args, settings)
+
+
+def run_worker(args: argparse.Namespace, worker: WorkerRole) -> int:
+    """One worker of `--workers N` (started by the supervisor): serve on the shared ports; the exit status."""
+    settings = settings_from_args(args)
+    settings.reuse_port = True
+    return _serve_process(args, settings, worker)
+
+
+def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
+    if tune_allocator():
+        log.debug("allocator: buffers up to %d bytes stay on the heap", _MMAP_THRESHOLD)
     try:
         with _runner() as runner:
-            runner.run(serve(settings, ports_file=args.ports_file))
+            runner.run(serve(settings, ports_file=args.ports_file, worker=worker))
     except (OSError, RuntimeError) as exc:
         log.error("%s", exc)
         return 1

@@ -55,14 +55,14 @@ def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.aio
     """A grpc.aio server answering every RPC of the service from `dataplane`; bind it with `add_insecure_port`.
 
     Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), and a port
-    already in use is an error rather than shared (no SO_REUSEPORT).
+    already in use is an error rather than shared, unless `settings.reuse_port` (the workers of `--workers N`).
     """
     limit = settings.max_request_bytes
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
         ]
     )
     handlers = method_handlers(Servicer(dataplane, settings))

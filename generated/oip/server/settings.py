@@ -28,4 +28,6 @@ class Settings:
     log_level: str = "info"
     access_log: bool = False
     graceful_shutdown_seconds: float = 30.0
+    # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
+    reuse_port: bool = False
     extensions: list[str] = field(default_factory=list)  # filled by the data plane with what is enabled
