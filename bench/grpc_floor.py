@@ -1,0 +1,179 @@
+"""The floors of Python gRPC servers: what grpcio itself costs per ModelInfer call, before any work of ours.
+
+Each variant is a bare grpcio server on CPU 0 answering `/inference.GRPCInferenceService/ModelInfer` with the
+same pre-serialized `simple` response (a generic handler: no protobuf parsing, no data plane, no model). The load
+is bench/loadgen.py's `simple_grpc` workload on CPU 1, exactly as `make bench` drives the real servers, and the
+server's CPU per call comes from /proc. Variants:
+
+- `aio`: `grpc.aio.server()` on asyncio's default loop;
+- `aio_uvloop`: the same on uvloop;
+- `sync_N`: the synchronous `grpc.server()` with a pool of N threads.
+
+Our own server (`python -m oip serve`) is measured in the same run, over the same load, so the report shows the
+floor of the transport it uses beside what it spends.
+
+    python bench/grpc_floor.py [--duration 8] [--concurrency 8] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import servers
+from servers import BENCH, ROOT, SERVER_CPU
+
+VARIANTS = ("aio", "aio_uvloop", "sync_4", "sync_8")
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _response() -> bytes:
+    sys.path.insert(0, str(ROOT / "generated"))
+    import numpy as np
+    from oip.grpc import grpc_service_pb2 as pb
+
+    a, b = np.arange(16, dtype="<i4"), np.ones(16, dtype="<i4")
+    reply = pb.ModelInferResponse(model_name="simple", model_version="1")
+    for name, values in (("OUTPUT0", a + b), ("OUTPUT1", a - b)):
+        reply.outputs.add(name=name, datatype="INT32", shape=[1, 16])
+        reply.raw_output_contents.append(values.tobytes())
+    return reply.SerializeToString()
+
+
+def serve(variant: str, port: int) -> None:
+    """Serve the fixed answer until killed (the server side of one variant)."""
+    import grpc
+
+    answer = _response()
+    options = [("grpc.so_reuseport", 0)]
+
+    def handler() -> grpc.RpcMethodHandler[bytes, bytes]:
+        if variant.startswith("sync"):
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
+
+        async def infer(request: bytes, context: Any) -> bytes:
+            return answer
+
+        return grpc.unary_unary_rpc_method_handler(infer)
+
+    generic = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": handler()}
+    )
+    if variant.startswith("sync"):
+        threads = int(variant.split("_")[1])
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
+        server.add_generic_rpc_handlers((generic,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        print("ready", flush=True)
+        server.wait_for_termination()
+        return
+
+    async def main() -> None:
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((generic,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+    if variant == "aio_uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
+def _start_floor(variant: str, workdir: Path) -> servers.Running:
+    port = servers.free_port()
+    log = workdir / f"floor_{variant}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            ["taskset", "-c", SERVER_CPU, sys.executable, __file__, "--serve", variant, "--port", str(port)],
+            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    deadline = time.monotonic() + 30
+    while b"ready" not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"floor server {variant} did not start; see {log}")
+        time.sleep(0.05)
+    # REST is not served: the simple_grpc workload never uses it.
+    return servers.Running(f"floor_{variant}", process, servers.free_port(), port, log)
+
+
+def measure(running: servers.Running, args: argparse.Namespace) -> dict[str, Any]:
+    result = servers.run_loadgen(
+        running, "simple_grpc", concurrency=args.concurrency, duration=args.duration, warmup=args.warmup,
+        elements=16, request_timeout=30,
+    )
+    return {"server": running.name, **result}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=BENCH / "results")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port)
+        return 0
+
+    import grpc
+
+    workdir = BENCH / ".cache" / "grpc_floor"
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for variant in VARIANTS:
+        floor = _start_floor(variant, workdir)
+        try:
+            rows.append({"variant": variant, **measure(floor, args)})
+        finally:
+            servers.stop(floor)
+    with servers.running("oipgen", BENCH / ".cache", workdir) as ours:
+        rows.append({"variant": "oipgen (python -m oip serve)", **measure(ours, args)})
+    meta = {
+        "grpcio": grpc.__version__, "python": platform.python_version(), "load_average": os.getloadavg(),
+        "concurrency": args.concurrency, "duration_s": args.duration,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "grpc_floor.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = [
+        f"# gRPC floors: simple ModelInfer, c={args.concurrency}, server on CPU {SERVER_CPU}",
+        "",
+        f"grpcio {meta['grpcio']}, Python {meta['python']}, load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in meta['load_average'])}.",
+        "",
+        "| server | infer/s | server CPU per call (us) | p50 (ms) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['variant']} | error: {row['error']} | | |")
+            continue
+        lines.append(
+            f"| {row['variant']} | {row['infer_per_s']:,.0f} | {row.get('server_cpu_us_per_infer', 0):.0f} | "
+            f"{row['p50_ms']:.2f} |"
+        )
+    (args.out / "grpc_floor.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
