@@ -5,6 +5,7 @@ server stays up: after each one it is live and answers a correct inference over 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,6 +123,16 @@ REST: list[tuple[str, str, str, Any, int]] = [
     ("data_scalar", "POST", "/v2/models/simple/infer", simple(tensor(data=5), INPUT1), 400),
     ("data_object", "POST", "/v2/models/simple/infer", simple(tensor(data={"a": 1}), INPUT1), 400),
     ("float_in_int32", "POST", "/v2/models/simple/infer", simple(tensor(data=[0.5] * 16), INPUT1), 400),
+    ("fraction_among_whole_numbers", "POST", "/v2/models/simple/infer",
+     simple(tensor(data=[1.0] * 15 + [1.5]), INPUT1), 400),
+    ("uint8_whole_number_out_of_range", "POST", "/v2/models/identity_uint8/infer",
+     {"inputs": [tensor(shape=[2], datatype="UINT8", data=[1.0, 300.0])]}, 400),
+    ("int64_beyond_range_as_float", "POST", "/v2/models/identity_int64/infer",
+     {"inputs": [tensor(shape=[1], datatype="INT64", data=[2.0**64])]}, 400),
+    ("bool_as_whole_numbers", "POST", "/v2/models/identity_bool/infer",
+     {"inputs": [tensor(shape=[2], datatype="BOOL", data=[0.0, 1.0])]}, 400),
+    ("empty_shape_beyond_addressable", "POST", "/v2/models/identity_fp32/infer",
+     {"inputs": [tensor(shape=[0, 2**62], datatype="FP32", data=[])]}, 400),
     ("bool_in_int32", "POST", "/v2/models/simple/infer", simple(tensor(data=[True] * 16), INPUT1), 400),
     ("string_in_int32", "POST", "/v2/models/simple/infer", simple(tensor(data=["1"] * 16), INPUT1), 400),
     ("null_in_int32", "POST", "/v2/models/simple/infer", simple(tensor(data=[None] * 16), INPUT1), 400),
@@ -369,6 +380,88 @@ def test_undecodable_message(http: httpx.Client, stub: pb_grpc.GRPCInferenceServ
         with pytest.raises(grpc.RpcError) as info:
             list(stream(iter([data]), timeout=TIMEOUT))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    check_simple(http, stub)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v2/models/simple/infer", simple(tensor(data=[*map(float, SIMPLE_A[:15]), 0.5]), INPUT1),
+         "tensor 'INPUT0': INT32 element 15 must be an integer, got number 0.5"),
+        ("/v2/models/identity_uint8/infer", {"inputs": [tensor(shape=[2], datatype="UINT8", data=[1.0, 300.0])]},
+         "tensor 'INPUT0': UINT8 element 1 is out of range [0, 255]: 300.0"),
+        ("/v2/models/identity_int64/infer", {"inputs": [tensor(shape=[1], datatype="INT64", data=[2**64])]},
+         "tensor 'INPUT0': INT64 element 0 is out of range [-9223372036854775808, 9223372036854775807]: "
+         "1.8446744073709552e+19"),  # the JSON parser reads integers beyond 64 bits as floats
+        ("/v2/models/identity_fp32/infer", {"inputs": [tensor(shape=[0, 2**62], datatype="FP32", data=[])]},
+         "tensor 'INPUT0': shape [0, 4611686018427387904] is too large: its non-zero dimensions times the element "
+         "size exceed 2**63 bytes, even though the tensor is empty"),
+    ],
+    ids=["fraction", "uint8_range", "int64_range", "empty_huge_shape"],
+)
+def test_number_errors_name_tensor_index_and_value(http: httpx.Client, path: str, body: Any, message: str) -> None:
+    """Refusals speak the protocol's words and name the tensor, the element and the value."""
+    assert assert_error_body(http.post(path, json=body), 400) == message
+
+
+def test_integral_numbers_are_accepted(http: httpx.Client) -> None:
+    """JSON has one number type: INT32 data written as 0.0, 1.0, ... is the integers (as clients generated from
+    the OpenAPI document send them); the answer is computed from them."""
+    body = simple(tensor(data=[float(v) for v in SIMPLE_A]), tensor("INPUT1", data=[[float(v)] for v in SIMPLE_B]))
+    response = http.post("/v2/models/simple/infer", json=body)
+    assert response.status_code == 200, response.text
+    outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
+    assert outputs["OUTPUT0"] == [a + b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
+    assert outputs["OUTPUT1"] == [a - b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
+    big = {"inputs": [tensor(shape=[3], datatype="UINT64", data=[0.0, 2.0**53, 2**64 - 1])]}
+    response = http.post("/v2/models/identity_uint64/infer", json=big)
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == [0, 2**53, 2**64 - 1]
+
+
+LONG = "n" * 60_000
+
+
+def _clipped(message: str) -> None:
+    assert len(message) < 1200, len(message)
+    assert "n" * 200 + "... (60000 characters)" in message, message[:400]
+
+
+def test_echoed_values_are_clipped(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """A 60,000-character name comes back cut to 200 characters, saying how long it was: REST and gRPC, in the
+    path, in the body, and through the codec's own errors."""
+    _clipped(assert_error_body(http.post(f"/v2/models/{LONG}/infer", json=simple()), 404))
+    _clipped(assert_error_body(http.post("/v2/models/simple/infer", json=simple(tensor(name=LONG), INPUT1)), 400))
+    _clipped(assert_error_body(http.post("/v2/models/simple/infer",
+                                         json=simple(tensor(name=LONG, data=[0.5] * 16), INPUT1)), 400))
+    _clipped(assert_error_body(http.get(f"/v2/models/{LONG}"), 404))
+    code, error = grpc_call(stub, "ModelInfer", request(LONG, typed(), T1))
+    assert code is grpc.StatusCode.NOT_FOUND
+    _clipped(error.details())
+    code, error = grpc_call(stub, "ModelInfer", request("simple", typed(name=LONG, values=[1] * 16), T1))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    _clipped(error.details())
+    check_simple(http, stub)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"GARBAGE\r\n\r\n", b"GET /v2 HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", b"GET /v2 HTTP/9.9\r\n\r\n",
+     b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"],
+    ids=["request_line", "header", "version", "content_length"],
+)
+def test_malformed_http_answers_error_json(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub,
+                                           server: Server, raw: bytes) -> None:
+    """Requests that are not HTTP never reach the app: the HTTP layer answers 400 with the same error body."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert b"content-type: application/json" in head.lower(), head
+    assert list(json.loads(body)) == ["error"] and "not valid HTTP" in json.loads(body)["error"], body
     check_simple(http, stub)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import tracemalloc
 from pathlib import Path
@@ -220,8 +221,49 @@ def test_huge_shape_fails_fast_without_allocating(datatype: str) -> None:
 
 def test_empty_tensor_with_huge_dims() -> None:
     assert codec.from_json([], "FP32", [0, 10**12]).shape == (0, 10**12)
-    with pytest.raises(codec.CodecError, match="too large"):
+    with pytest.raises(codec.CodecError, match="too large") as raised:
         codec.from_raw(b"", "FP32", [0, 2**62, 2**62])
+    with pytest.raises(codec.CodecError, match=r"^tensor 'E': shape \[0, 4611686018427387904\] is too large") as js:
+        codec.from_json([], "FP32", [0, 2**62], name="E")
+    for error in (raised.value, js.value):  # the protocol's words, not numpy's
+        assert "arr.size" not in str(error) and "itemsize" not in str(error)
+
+
+INTEGERS = [name for name in ALL if info(name).dtype.kind in "iu"]
+
+
+@pytest.mark.parametrize("datatype", INTEGERS)
+def test_json_integral_numbers_are_integers(datatype: str) -> None:
+    """JSON has one number type: 1.0 is the integer 1 (clients generated from the OpenAPI document send it)."""
+    low, high = int(np.iinfo(info(datatype).dtype).min), int(np.iinfo(info(datatype).dtype).max)
+    ints = [0, 1, 7, max(low, -8), min(high, 100)]
+    for data in ([float(v) for v in ints], [ints[0], *map(float, ints[1:])], [[float(v)] for v in ints]):
+        got = codec.from_json(data, datatype, [5])
+        assert_same(got, np.array(ints, dtype=info(datatype).dtype))
+    many = [float(v % 100) for v in range(1000)]  # beyond the small-list path
+    assert codec.from_json(many, datatype, [1000]).tolist() == [v % 100 for v in range(1000)]
+    fraction = rf"^tensor 'I': {datatype} element 1 must be an integer, got number 0\.5$"
+    with pytest.raises(codec.CodecError, match=fraction):
+        codec.from_json([1.0, 0.5], datatype, [2], name="I")
+    for value in (v for v in (float(high + 1), float(low - 1)) if not low <= v <= high):  # -2.0**63 is in INT64
+        message = rf"^tensor 'I': {datatype} element 0 is out of range .*: {re.escape(str(value))}$"
+        with pytest.raises(codec.CodecError, match=message):
+            codec.from_json([value], datatype, [1], name="I")
+
+
+def test_json_integral_numbers_beyond_float_precision() -> None:
+    # numpy would read a mix of 1.0 and 2**53 + 1 as float64 and round the integer: each element keeps its value
+    assert codec.from_json([1.0, 2**53 + 1], "INT64", [2]).tolist() == [1, 2**53 + 1]
+    assert codec.from_json([1.0, 2**64 - 1], "UINT64", [2]).tolist() == [1, 2**64 - 1]
+    assert codec.from_json([float(2**62)], "INT64", [1]).tolist() == [2**62]
+    for datatype, value in (("INT64", 2.0**63), ("UINT64", 2.0**64), ("INT64", 1e300), ("UINT8", 300.0)):
+        message = rf"{datatype} element 0 is out of range .*: {re.escape(str(value))}$"
+        with pytest.raises(codec.CodecError, match=message):
+            codec.from_json([value], datatype, [1])
+    with pytest.raises(codec.CodecError, match=r"element 0 is out of range .*: 18446744073709551616$"):
+        codec.from_json([2**64], "INT64", [1])
+    with pytest.raises(codec.CodecError, match=r"BOOL element 0 must be a boolean .*got number 1\.0"):
+        codec.from_json([1.0], "BOOL", [1])
 
 
 # --- round trips -------------------------------------------------------------------------------------------
@@ -462,7 +504,9 @@ def test_json_count_mismatch_other_types() -> None:
         ("INT32", ["1"], "INT32 element 0 must be an integer, got string '1'"),
         ("INT32", [1.5], "element 0 must be an integer, got number 1.5"),
         ("INT32", [1, 2.5], "element 1 must be an integer, got number 2.5"),
-        ("INT32", [1.0], "element 0 must be an integer, got number 1.0"),
+        ("INT32", [1.0, 0.5], "element 1 must be an integer, got number 0.5"),
+        ("INT64", [[1.0, 2.0], [3.25]], "element 2 must be an integer, got number 3.25"),
+        ("UINT8", [1.0] * 300 + [1e-9], "element 300 must be an integer, got number 1e-09"),
         ("INT64", [None], "got null"),
         ("INT32", [5, True], "element 1 must be an integer, got true"),
         ("INT32", [[0, 2], [True, 3]], "element 2 must be an integer, got true"),

@@ -9,6 +9,8 @@ identity_bytes) for the whole module.
 - KServe 0.21's clients (`InferenceRESTClient`, `InferenceGRPCClient`, async only). kserve and tritonclient both
   register `package inference` in protobuf's default pool and cannot share a process ("duplicate symbol"), so the
   KServe checks run in a subprocess (KSERVE_SCRIPT) that reports one JSON line per check.
+- open-inference-openapi 2.0.0.1, the client generated from the public Open Inference Protocol OpenAPI document
+  (sync and async): its tensor data are JSON numbers of one kind, so integer tensors travel as 0.0, 1.0, ...
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
+import open_inference.openapi as oio
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
@@ -33,6 +37,8 @@ import tritonclient.http.aio as httpclient_aio
 from conftest import ROOT
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+from open_inference.openapi.client import AsyncOpenInferenceClient, OpenInferenceClient
+from open_inference.openapi.core.api_error import ApiError
 from serving import Server, running, server_env
 from tritonclient.utils import InferenceServerException
 
@@ -571,3 +577,89 @@ def test_tritonclient_and_this_package_share_one_process() -> None:
     assert "tritonclient.grpc.service_pb2" in sys.modules
     assert pb.ModelInferRequest.DESCRIPTOR.full_name == "inference.ModelInferRequest"
     assert Path(pb.__file__).is_relative_to(ROOT / "generated")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# open-inference-openapi: the client generated from the public OpenAPI document
+
+
+def _oio_simple() -> oio.InferenceRequest:
+    return oio.InferenceRequest(id="oio", inputs=[
+        oio.RequestInput(name=name, shape=[1, 16], datatype="INT32", data=data.reshape(-1).tolist())
+        for name, data in (("INPUT0", INPUT0), ("INPUT1", INPUT1))
+    ])
+
+
+def _oio_check_simple(response: oio.InferenceResponse) -> None:
+    outputs = {o.name: o for o in response.outputs}
+    assert response.model_name == "simple" and response.id == "oio"
+    assert outputs["OUTPUT0"].datatype == "INT32" and outputs["OUTPUT0"].shape == [1, 16]
+    assert outputs["OUTPUT0"].data.__root__ == (INPUT0 + INPUT1).reshape(-1).tolist()
+    assert outputs["OUTPUT1"].data.__root__ == (INPUT0 - INPUT1).reshape(-1).tolist()
+
+
+def _oio_fp32_and_bytes() -> tuple[oio.InferenceRequest, oio.InferenceRequest]:
+    fp32 = oio.InferenceRequest(inputs=[oio.RequestInput(name="INPUT0", shape=[len(FP32)], datatype="FP32",
+                                                         data=FP32.tolist())])
+    text = ["hello", "wörld", ""]
+    strings = oio.InferenceRequest(inputs=[oio.RequestInput(name="INPUT0", shape=[len(text)], datatype="BYTES",
+                                                            data=text)])
+    return fp32, strings
+
+
+def test_open_inference_client_sync(server: Server) -> None:
+    sent: list[bytes] = []
+    http = httpx.Client(timeout=30, trust_env=False, event_hooks={"request": [lambda r: sent.append(r.read())]})
+    client = OpenInferenceClient(base_url=server.url, httpx_client=http)
+    try:
+        client.check_server_liveness()
+        client.check_server_readiness()
+        client.check_model_readiness("simple")
+        client.check_model_version_readiness("simple", "1")
+        metadata = client.read_server_metadata()
+        assert "binary_tensor_data" in metadata.extensions
+        model = client.read_model_metadata("simple")
+        assert [(t.name, t.datatype, t.shape) for t in model.inputs] == [("INPUT0", "INT32", [1, 16]),
+                                                                          ("INPUT1", "INT32", [1, 16])]
+        assert client.read_model_version_metadata("simple", "1").name == "simple"
+        _oio_check_simple(client.model_infer("simple", request=_oio_simple()))
+        # what the server accepted: INT32 elements written as JSON numbers with a fraction
+        data = json.loads(sent[-1])["inputs"][0]["data"]
+        assert data == list(range(16)) and all(type(v) is float for v in data) and b"1.0" in sent[-1]
+        _oio_check_simple(client.model_version_infer("simple", "1", request=_oio_simple()))
+        fp32, strings = _oio_fp32_and_bytes()
+        assert client.model_infer("identity_fp32", request=fp32).outputs[0].data.__root__ == FP32.tolist()
+        assert client.model_infer("identity_bytes", request=strings).outputs[0].data.__root__ == ["hello", "wörld", ""]
+        bad = _oio_simple()
+        bad.inputs[0].data.__root__[3] = 0.5
+        with pytest.raises(oio.BadRequestError) as refused:
+            client.model_infer("simple", request=bad)
+        assert refused.value.body == {"error": "tensor 'INPUT0': INT32 element 3 must be an integer, got number 0.5"}
+        with pytest.raises(ApiError) as missing:
+            client.model_infer("no_such_model", request=_oio_simple())
+        assert missing.value.status_code == 404 and list(missing.value.body) == ["error"]
+    finally:
+        http.close()
+
+
+def test_open_inference_client_async(server: Server) -> None:
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            client = AsyncOpenInferenceClient(base_url=server.url, httpx_client=http)
+            await client.check_server_liveness()
+            await client.check_server_readiness()
+            await client.check_model_readiness("simple")
+            assert (await client.read_model_metadata("identity_fp32")).inputs[0].datatype == "FP32"
+            results = await asyncio.gather(*(client.model_infer("simple", request=_oio_simple()) for _ in range(8)))
+            for result in results:
+                _oio_check_simple(result)
+            _oio_check_simple(await client.model_version_infer("simple", "1", request=_oio_simple()))
+            fp32, strings = _oio_fp32_and_bytes()
+            assert (await client.model_infer("identity_fp32", request=fp32)).outputs[0].data.__root__ == FP32.tolist()
+            answer = await client.model_infer("identity_bytes", request=strings)
+            assert answer.outputs[0].data.__root__ == ["hello", "wörld", ""]
+            with pytest.raises(ApiError) as missing:
+                await client.model_infer("no_such_model", request=_oio_simple())
+            assert missing.value.status_code == 404
+
+    asyncio.run(asyncio.wait_for(main(), 60))

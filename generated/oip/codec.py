@@ -9,7 +9,8 @@ by shape, so a request claiming a huge shape fails fast. Bad input raises `Codec
 message names the problem, prefixed with the tensor's name when the caller passes `name=`.
 
 - JSON (`from_json`, `to_json`): nested or flat row-major lists. Strict per datatype: BOOL takes JSON
-  booleans, integer types take in-range integers, FP32/FP64 take numbers (not booleans), BYTES takes
+  booleans, integer types take in-range integral numbers (JSON has one number type, so `1.0` is the integer
+  1; `0.5` and out-of-range values are refused), FP32/FP64 take numbers (not booleans), BYTES takes
   strings (UTF-8). FP16 and BF16 have no JSON form. NaN and infinities pass through as Python floats; the
   JSON writer decides.
 - Raw (`from_raw`, `to_raw`): the gRPC `raw_*_contents` and REST binary form. Fixed-size types are
@@ -152,8 +153,12 @@ def _count_error(name: str, dims: tuple[int, ...], count: int, got: int, where: 
 def _reshape(array: Array, dims: tuple[int, ...], name: str) -> Array:
     try:
         return array.reshape(dims)
-    except ValueError as exc:  # an empty tensor whose other dimensions overflow numpy's limits
-        _fail(name, f"shape {_shape_text(dims)} is too large: {exc}")
+    except ValueError:  # an empty tensor whose other dimensions overflow numpy's limits
+        _fail(
+            name,
+            f"shape {_shape_text(dims)} is too large: its non-zero dimensions times the element size exceed 2**63 "
+            "bytes, even though the tensor is empty",
+        )
 
 
 _JSON_KINDS: Final = (
@@ -257,12 +262,14 @@ _FLOAT_MAX: Final = {
 
 def _small_numbers(data: list[Any], info: DatatypeInfo) -> Array | None:
     """A short flat list of plain Python numbers in the datatype, or None when the general path must judge:
-    integer datatypes take ints in range, float32/float64 take ints and floats that cannot overflow (JSON has
-    no NaN or infinity). Booleans, strings and nested lists go the general way."""
+    integer datatypes take whole numbers in range, float32/float64 take ints and floats that cannot overflow
+    (JSON has no NaN or infinity). Booleans, strings and nested lists go the general way."""
     family = _FAMILY[info.name]
     if family == "int":
         if not all(type(v) is int for v in data):
-            return None
+            if not all(type(v) is int or (type(v) is float and v.is_integer()) for v in data):
+                return None
+            data = list(map(int, data))  # whole numbers written with a fraction (1.0): exact as Python ints
         low, high = _INT_RANGE[info.name]
         if min(data) < low or max(data) > high:
             return None
@@ -284,7 +291,9 @@ def _fast_numbers(array: Array, source: Any, info: DatatypeInfo) -> Array | None
     if family == "bool":
         return array.astype(info.dtype, copy=False) if kind == "b" else None
     if family == "int":
-        if kind not in "iu":
+        if kind not in "iuf":
+            return None
+        if kind == "f" and not _integral_floats(array):  # integral numbers written with a fraction (1.0)
             return None
         low, high = _INT_RANGE[info.name]
         if int(array.min()) < low or int(array.max()) > high:
@@ -295,9 +304,21 @@ def _fast_numbers(array: Array, source: Any, info: DatatypeInfo) -> Array | None
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         out = array.astype(info.dtype, copy=False)
-    if kind == "f" and out.dtype.itemsize < array.dtype.itemsize and _overflowed(array, out):
+    if family == "float" and kind == "f" and out.dtype.itemsize < array.dtype.itemsize and _overflowed(array, out):
         return None
     return out
+
+
+_EXACT_FLOAT: Final = 2.0**53  # below it, float64 holds every integer exactly (numpy reads [1.0, 2**53 + 1] as floats)
+
+
+def _integral_floats(array: Array) -> bool:
+    """Whether every float is a whole number below 2**53 in magnitude, where float64 is exact; beyond it the
+    slow path judges each element as the parser gave it."""
+    low, high = float(array.min()), float(array.max())
+    if not (low > -_EXACT_FLOAT and high < _EXACT_FLOAT):  # also NaN
+        return False
+    return bool((np.trunc(array) == array).all())
 
 
 def _has_bools(array: Array, source: Any) -> bool:
@@ -334,12 +355,18 @@ def _from_leaves(
         values = leaves
     elif family == "int":
         low, high = _INT_RANGE[info.name]
+        values = []
         for i, value in enumerate(leaves):
-            if isinstance(value, _BOOLS) or not isinstance(value, _INTS):
+            if isinstance(value, _BOOLS) or not isinstance(value, _NUMBERS):
                 _fail(name, f"{info.name} element {i} must be an integer, got {_describe(value)}")
-            if not low <= value <= high:
+            number = value
+            if not isinstance(value, _INTS):  # a JSON number with a fraction: fine when it is whole (1.0 is 1)
+                if not float(value).is_integer():
+                    _fail(name, f"{info.name} element {i} must be an integer, got {_describe(value)}")
+                number = int(value)
+            if not low <= number <= high:
                 _fail(name, f"{info.name} element {i} is out of range [{low}, {high}]: {value}")
-        values = [int(v) for v in leaves]
+            values.append(int(number))
     else:
         values = []
         for i, value in enumerate(leaves):

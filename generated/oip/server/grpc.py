@@ -29,7 +29,7 @@ from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc
 from .dataplane_base import DataPlaneBase
-from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge
+from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
 from .settings import Settings
 from .streaming import StreamError, final_response
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -314,7 +314,7 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, OipError):
         return GRPC_CODE[exc.kind], exc.message
     if isinstance(exc, codec.CodecError):
-        return GRPC_CODE[ErrorKind.INVALID_ARGUMENT], str(exc)
+        return GRPC_CODE[ErrorKind.INVALID_ARGUMENT], bounded(str(exc))
     log.error("unexpected error answering a gRPC request", exc_info=exc)
     return GRPC_CODE[ErrorKind.MODEL_FAILURE], f"internal server error ({type(exc).__name__})"
 

@@ -43,7 +43,7 @@ from .. import codec, convert, datatypes
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
-from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge
+from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
 from .openapi import DOCUMENT
 from .settings import Settings
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -493,7 +493,7 @@ def _route_order(endpoint: Endpoint) -> list[tuple[bool, str]]:
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(orjson.dumps({"error": message}), status_code=status, media_type=_JSON, headers=headers)
+    return Response(orjson.dumps({"error": bounded(message)}), status_code=status, media_type=_JSON, headers=headers)
 
 
 def _error_response(exc: BaseException, settings: Settings) -> Response:

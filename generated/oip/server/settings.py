@@ -30,4 +30,8 @@ class Settings:
     graceful_shutdown_seconds: float = 30.0
     # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
     reuse_port: bool = False
+    # REST connections: the request line and headers must arrive within this many seconds (408 and closed
+    # otherwise); an idle keep-alive connection closes after `http_keep_alive_seconds`.
+    http_header_timeout: float = 10.0
+    http_keep_alive_seconds: int = 5
     extensions: list[str] = field(default_factory=list)  # filled by the data plane with what is enabled

@@ -32,6 +32,7 @@ import uvicorn
 
 from .dataplane import DataPlane
 from .grpc import create_grpc_server
+from .http import http_protocol
 from .repository import ModelRepository
 from .rest import create_app
 from .settings import Settings
@@ -215,6 +216,9 @@ async def serve(
                 access_log=settings.access_log,
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
+                timeout_keep_alive=settings.http_keep_alive_seconds,
+                http=http_protocol(settings.http_header_timeout),
+                ws="none",
                 server_header=False,
             )
             http = _Uvicorn(config)
@@ -308,6 +312,16 @@ def worker_count(value: str) -> int:
     return cpu_count() if value == "auto" else int(value)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The options of `serve` (added to `parser` when given). Defaults are those of `Settings`."""
     defaults = Settings()
@@ -334,6 +348,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="most elements per tensor, checked before anything is allocated (default: %(default)s)")
     p.add_argument("--graceful-shutdown-seconds", type=float, default=defaults.graceful_shutdown_seconds,
                    metavar="S", help="how long requests in flight may finish after SIGTERM (default: %(default)s)")
+    p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
+                   help="REST: close a connection (408) whose request line and headers take longer "
+                        "(default: %(default)s)")
+    p.add_argument("--http-keep-alive-seconds", type=_positive, default=defaults.http_keep_alive_seconds,
+                   metavar="S", help="REST: close a keep-alive connection idle this long (default: %(default)s)")
     p.add_argument("--log-level", choices=_LEVELS, default=defaults.log_level, help="default: %(default)s")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="text lines, or one JSON object per line (default: %(default)s)")
@@ -356,6 +375,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_level=args.log_level,
         access_log=args.access_log,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
+        http_header_timeout=args.http_header_timeout,
+        http_keep_alive_seconds=args.http_keep_alive_seconds,
     )
 
 
