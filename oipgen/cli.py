@@ -15,6 +15,7 @@ from . import __version__
 EXIT_STALE = 1
 EXIT_SPEC = 2
 EXIT_REFUSED = 1  # scaffold: a file exists or an argument is invalid; nothing written
+EXIT_BREAKING = 1  # breaking: at least one change breaks existing clients or servers
 
 
 def _config(cwd: Path) -> tuple[dict[str, Any], Path]:
@@ -41,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 with a diff summary if the output on disk is stale or has extra files")
     b.add_argument("-q", "--quiet", action="store_true", help="print only problems")
+    k = sub.add_parser("breaking", help="list the changes that break clients or servers of an older spec")
+    k.add_argument("--against", required=True, metavar="OLD",
+                   help="the older spec: a spec folder, or a git revision of this repository (origin/main, HEAD~3, "
+                        "a tag), whose copy of the --spec folder is compared")
+    k.add_argument("--spec", type=Path, help="the new spec directory (default: [tool.oipgen] spec, else spec)")
     s = sub.add_parser("scaffold", help="start a model folder for the generated server")
     kinds = s.add_subparsers(dest="kind", required=True)
     m = kinds.add_parser("model", help="write DIR/NAME/model.toml and DIR/NAME/model.py (never overwrites)")
@@ -63,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return _build(args)
     if args.command == "scaffold":
         return _scaffold(args)
+    if args.command == "breaking":
+        return _breaking(args)
     return 2
 
 
@@ -84,6 +92,41 @@ def _scaffold(args: argparse.Namespace) -> int:
         print(f"  created  {path}")
     print(f"oipgen: model '{args.name}' scaffolded; fill in infer() in {written[-1]}")
     return 0
+
+
+def _breaking(args: argparse.Namespace) -> int:
+    from .breaking import AgainstError, compare, spec_at
+    from .load import load_spec
+    from .problems import SpecError
+
+    config, root = _config(Path.cwd())
+    spec = args.spec if args.spec is not None else root / str(config.get("spec", "spec"))
+    try:
+        with spec_at(args.against, spec) as old_dir:
+            apis = []
+            for label, folder in ((f"{args.against} ({old_dir})", old_dir), (str(spec), spec)):
+                try:
+                    apis.append(load_spec(folder))
+                except SpecError as e:
+                    _report_problems(label, e)
+                    return EXIT_SPEC
+    except AgainstError as e:
+        print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_SPEC
+    breaks = compare(apis[0], apis[1])
+    for b in breaks:
+        print(b)
+    if breaks:
+        print(f"oipgen: {len(breaks)} breaking change(s) in {spec} against {args.against}", file=sys.stderr)
+        return EXIT_BREAKING
+    print(f"oipgen: nothing in {spec} breaks clients or servers of {args.against}", file=sys.stderr)
+    return 0
+
+
+def _report_problems(spec: object, e: Any) -> None:
+    print(f"oipgen: the spec in {spec} has {len(e.problems)} problem(s):", file=sys.stderr)
+    for p in e.problems:
+        print(f"  {p}", file=sys.stderr)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -160,9 +203,7 @@ def _tree_or_report(opts: Any) -> Any:
     try:
         return build_tree(opts)
     except SpecError as e:
-        print(f"oipgen: the spec in {opts.spec} has {len(e.problems)} problem(s):", file=sys.stderr)
-        for p in e.problems:
-            print(f"  {p}", file=sys.stderr)
+        _report_problems(opts.spec, e)
         return None
     except Exception as e:  # a generator failing on input that passed the checks: say so without a traceback
         if os.environ.get("OIPGEN_DEBUG"):
