@@ -127,6 +127,7 @@ class RestEndpoint:
     health: str | None  # x-oip-health: the boolean response field whose `false` makes the REST status "not ready"
     summary: str
     description: str
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,16 @@ class Operation:
     @property
     def name(self) -> str:
         return self.rpc.snake
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A tag of the OpenAPI document: a group of operations. With `x-oip-extension: true` it is an extension,
+    under the name servers report in their metadata; its operations belong to it."""
+
+    name: str
+    description: str
+    extension: bool
 
 
 @dataclass(frozen=True)
@@ -218,6 +229,7 @@ class Api:
     descriptor_set: bytes  # serialized FileDescriptorSet of proto_files
     openapi: dict[str, Any]  # the OpenAPI document with its references resolved inside one document
     info: dict[str, Any] = field(default_factory=dict)
+    tags: tuple[Tag, ...] = ()
 
     def message(self, full_name: str) -> Message:
         return _find(self.messages, "full_name", full_name)

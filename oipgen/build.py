@@ -81,13 +81,15 @@ def inputs_hash(opts: BuildOptions) -> str:
 def build_tree(opts: BuildOptions) -> Tree:
     """Load the spec and render every requested target into memory, manifest included."""
     from .load import load_spec
+    from .plan import make_plan
     from .render import Renderer, header_lines
     from .targets import Context, build, requirements, resolve
 
     api = load_spec(opts.spec)
     header = header_lines()
     renderer = Renderer(
-        opts.templates, {"api": api, "package": opts.package, "header": header, "oipgen_version": __version__}
+        opts.templates,
+        {"api": api, "plan": make_plan(api), "package": opts.package, "header": header, "oipgen_version": __version__},
     )
     ctx = Context(api=api, package=opts.package, renderer=renderer, header=header)
     tree = Tree()

@@ -65,6 +65,7 @@ class _Checker:
             self.schema(schema)
         self.datatypes()
         self.examples()
+        self.extensions()
 
     # -- operations -------------------------------------------------------------------------------------------
     def operations(self) -> None:
@@ -254,6 +255,32 @@ class _Checker:
                 self.problems.add(self.datatypes_file, where, "a datatype with no typed contents cannot be JSON")
             if dtype_enum is not None and d.model_config not in {v for v, _ in dtype_enum.values}:
                 self.problems.add(self.datatypes_file, where, f"{d.model_config!r} is not a DataType value")
+
+    # -- extensions -------------------------------------------------------------------------------------------
+    def extensions(self) -> None:
+        """Tags name the groups; an operation belongs to at most one extension, the same on all its REST forms;
+        a reserved parameter key names the extension that reserves it."""
+        declared = {t.name for t in self.api.tags}
+        extensions = {t.name for t in self.api.tags if t.extension}
+        for op in self.api.operations:
+            owners: set[str] = set()
+            for ep in op.rest:
+                where = f"paths/{ep.path}/{ep.method.lower()}"
+                for tag in ep.tags:
+                    if tag not in declared:
+                        self.rest(where, f"tag {tag!r} is not declared under `tags`")
+                owners |= {t for t in ep.tags if t in extensions}
+            if len(owners) > 1:
+                self.rest(f"x-oip-rpc {op.rpc.name}", f"the REST forms of {op.rpc.name} name several extensions: "
+                          f"{', '.join(sorted(owners))}")
+        for schema in self.api.schemas:
+            if schema.map_value is None:
+                continue
+            for prop in schema.properties:
+                owner = prop.schema.get("x-oip-extension")
+                if owner is not None and owner not in extensions:
+                    self.rest(f"components/schemas/{schema.name}/properties/{prop.name}",
+                              f"x-oip-extension {owner!r} is not an extension tag (`x-oip-extension: true`)")
 
     # -- examples ---------------------------------------------------------------------------------------------
     def examples(self) -> None:

@@ -28,13 +28,24 @@ def _config(cwd: Path) -> tuple[dict[str, Any], Path]:
     return (section if isinstance(section, dict) else {}), cwd
 
 
+def _targets_help() -> str:
+    """Every target of the registry, with the targets it builds too, then `all`."""
+    from .targets import PUBLIC, TARGETS
+
+    def needs(name: str) -> str:
+        deps = [d for d in TARGETS[name][0] if d in PUBLIC]
+        return f"{name} (with {', '.join(deps)})" if deps else name
+
+    return " | ".join([*(needs(t) for t in PUBLIC), "all"])
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oipgen", description="Compile the Open Inference Protocol spec into Python.")
     p.add_argument("--version", action="version", version=f"oipgen {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="generate the package (or, with --check, verify it is current)")
     b.add_argument("--target", action="append", metavar="NAME",
-                   help="models | grpc | all (repeatable; default: [tool.oipgen] targets, else all)")
+                   help=f"{_targets_help()} (repeatable; default: [tool.oipgen] targets, else all)")
     b.add_argument("--spec", type=Path, help="spec directory (default: spec)")
     b.add_argument("--out", type=Path, help="output directory (default: generated)")
     b.add_argument("--package", help="name of the generated package (default: oip)")

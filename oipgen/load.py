@@ -95,6 +95,7 @@ def load_spec(spec_dir: Path) -> Api:
         descriptor_set=protos.descriptor_set,
         openapi=openapi.doc,
         info=dict(openapi.doc.get("info") or {}),
+        tags=openapi.tags,
     )
     check_api(api, spec_dir, problems)
     problems.raise_if_any()

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .api import PathParam, Property, RestEndpoint, Schema, is_safe_identifier
+from .api import PathParam, Property, RestEndpoint, Schema, Tag, is_safe_identifier
 from .problems import Problems
 
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
@@ -20,6 +20,7 @@ class OpenApiSet:
     schemas: tuple[Schema, ...]
     endpoints: tuple[tuple[str, RestEndpoint], ...]  # (x-oip-rpc, endpoint)
     grpc_only: dict[str, str]
+    tags: tuple[Tag, ...]
 
 
 class _Reader:
@@ -102,7 +103,24 @@ def load_openapi(file: str, doc: Any, problems: Problems) -> OpenApiSet | None:
     if not isinstance(grpc_only, dict) or not all(isinstance(v, str) for v in grpc_only.values()):
         r.problem("x-oip-grpc-only", "must map RPC names to the reason they have no REST form")
         grpc_only = {}
-    return OpenApiSet(doc, schemas, endpoints, dict(grpc_only))
+    return OpenApiSet(doc, schemas, endpoints, dict(grpc_only), _tags(r))
+
+
+def _tags(r: _Reader) -> tuple[Tag, ...]:
+    out: list[Tag] = []
+    for i, raw in enumerate(r.doc.get("tags") or []):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            r.problem(f"tags/{i}", "a tag needs a name")
+            continue
+        extension = raw.get("x-oip-extension", False)
+        if not isinstance(extension, bool):
+            r.problem(f"tags/{i}", "x-oip-extension must be true or false")
+            extension = False
+        if extension and not is_safe_identifier(raw["name"]):
+            r.problem(f"tags/{i}", f"extension name {raw['name']!r} is not a safe Python identifier")
+            extension = False
+        out.append(Tag(raw["name"], str(raw.get("description", "")).strip(), extension))
+    return tuple(out)
 
 
 def _schemas(r: _Reader) -> tuple[Schema, ...]:
@@ -201,6 +219,7 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, RestEndpoint], ...]:
                         health=op.get("x-oip-health") if isinstance(op.get("x-oip-health"), str) else None,
                         summary=str(op.get("summary", "")),
                         description=str(op.get("description", "")),
+                        tags=tuple(str(t) for t in op.get("tags") or ()),
                     ),
                 )
             )

@@ -2,7 +2,8 @@
 test_conformance, test_interop).
 
 - `build_repository` writes a model repository: the models of spec/examples/models.yaml (one small generic model
-  per entry, or only those named), plus, on request, EXTRA_MODELS (slow, broken, failing, byte_count).
+  per entry, or only those named), plus, on request, EXTRA_MODELS (slow, broken, failing, byte_count,
+  rendezvous).
 - `start_server` runs `python -m oip serve` in a subprocess on 127.0.0.1 and ephemeral ports (--ports-file), and
   waits, bounded, until both transports listen and, optionally, until named models are ready. `running` does the
   same for the length of a `with` block; then it stops the server with SIGTERM, which must exit 0.
@@ -132,8 +133,32 @@ class ByteCount(Model):
     def infer(self, inputs, parameters):
         return {"OUTPUT0": np.array([len(inputs["INPUT0"][0])], dtype=np.int64)}
 ''',
+    # Plain infer() in the worker threads: returns only once `parties` requests of the same `group` (request
+    # parameters) are inside infer() at the same time, so a success proves they ran concurrently; a request that
+    # waits 30 s in vain fails. Answers its input and the parameters it saw (as response parameters).
+    "rendezvous": '''
+import threading
+
+from oip.server.model import Model, TensorSpec
+
+_lock = threading.Lock()
+_barriers = {}
+
+
+class Rendezvous(Model):
+    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
+    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
+
+    def infer(self, inputs, parameters):
+        parties = int(parameters.get("parties", 1))
+        with _lock:
+            barrier = _barriers.setdefault(str(parameters.get("group", "")), threading.Barrier(parties, timeout=30))
+        barrier.wait()
+        return {"OUTPUT0": inputs["INPUT0"]}, dict(parameters)
+''',
 }
-EXTRA_CLASSES = {"slow": "Slow", "broken": "Broken", "failing": "Failing", "byte_count": "ByteCount"}
+EXTRA_CLASSES = {"slow": "Slow", "broken": "Broken", "failing": "Failing", "byte_count": "ByteCount",
+                 "rendezvous": "Rendezvous"}
 
 
 def example_models() -> list[dict[str, Any]]:

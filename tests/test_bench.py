@@ -198,14 +198,23 @@ def test_large_malformed_grpc_request_is_invalid(ours: servers.Running) -> None:
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
 
 
-def test_allocator_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`serve` keeps large buffers on the heap (glibc's mallopt); the MALLOC_* environment variables win."""
+def test_allocator_tuning() -> None:
+    """`serve` keeps large buffers on the heap (glibc's mallopt); the MALLOC_* environment variables win. Run in
+    fresh interpreters, so the malloc settings of the test process never change."""
     import platform
+    import subprocess
+    import sys
 
-    from oip.server import app
+    from serving import server_env
 
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    assert app.tune_allocator() is False
-    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    def tune(**env: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-c", "from oip.server import app; print(app.tune_allocator())"],
+            env={**server_env(), **env}, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert tune(MALLOC_ARENA_MAX="4") == "False"
     if platform.libc_ver()[0] == "glibc":
-        assert app.tune_allocator() is True
+        assert tune() == "True"

@@ -60,9 +60,9 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("client")
-    repository = build_repository(root / "models", extra=("slow", "failing"))
-    names = [m["name"] for m in example_models()] + ["slow", "failing"]
-    with running(repository, root, ready=names) as server:
+    repository = build_repository(root / "models", extra=("slow", "failing", "rendezvous"))
+    names = [m["name"] for m in example_models()] + ["slow", "failing", "rendezvous"]
+    with running(repository, root, "--model-threads", "8", ready=names) as server:
         yield server
 
 
@@ -286,10 +286,12 @@ def test_requested_outputs(client: Any) -> None:
 
 
 def test_parameters_travel(client: Any) -> None:
-    # the slow model reads `delay` from the request parameters; 0 answers at once
-    result = client.infer("slow", {"INPUT0": np.array([1, 2], np.int32)}, parameters={"delay": 0.0, "tag": "x",
-                                                                                       "flag": True, "n": 3})
+    """Every parameter reaches the model with its type (the rendezvous model answers the parameters it saw)."""
+    sent = {"tag": "x", "flag": True, "n": 3, "big": 2**63, "f": 0.25, "parties": 1, "group": f"travel-{id(client)}"}
+    result = client.infer("rendezvous", {"INPUT0": np.array([1, 2], np.int32)}, parameters=sent)
     np.testing.assert_array_equal(result["OUTPUT0"], [1, 2])
+    assert result.parameters == sent
+    assert {k: type(v) for k, v in result.parameters.items()} == {k: type(v) for k, v in sent.items()}
 
 
 def values_of(datatype: str, exact_json: bool) -> np.ndarray:
@@ -651,12 +653,12 @@ async def test_async_clients_run_requests_concurrently(server: Server) -> None:
             results = await asyncio.gather(*(client.infer("simple", x) for x in inputs))
             for i, result in enumerate(results):
                 check_simple(result, A + i, B)
-        slow = [rest.infer("slow", {"INPUT0": np.array([i], np.int32)}, parameters={"delay": 0.5}) for i in range(4)]
-        slow += [grpc_client.infer("slow", {"INPUT0": np.array([i], np.int32)}, parameters={"delay": 0.5})
-                 for i in range(4)]
-        started = asyncio.get_running_loop().time()
-        await asyncio.gather(*slow)
-        assert asyncio.get_running_loop().time() - started < 3.0  # 8 x 0.5 s one after the other would take 4 s
+        # The rendezvous model answers only once all 8 requests are inside it at once: they are concurrent.
+        meet = {"parties": 8, "group": "async-clients"}
+        together = [client.infer("rendezvous", {"INPUT0": np.array([i], np.int32)}, parameters=meet)
+                    for client in (rest, grpc_client) for i in range(4)]
+        results = await asyncio.gather(*together)
+        assert sorted(int(r["OUTPUT0"][0]) for r in results) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 async def test_async_stream_from_an_async_iterator(server: Server) -> None:

@@ -127,6 +127,7 @@ TOML = {
                   '[dynamic_batching]\nmax_queue_delay_microseconds = 250\npreferred_batch_size = [4, 8]\n',
 }
 READY = ("simple", "failing", "slow", *MODELS)
+MODEL_THREADS = 3  # --model-threads: the instance count the configuration reports for plain infer() models
 SCORES = np.array([0.5, 3.3, 2.4, -1.0], dtype=np.float32)
 
 
@@ -139,7 +140,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         folder.mkdir()
         (folder / "model.toml").write_text(f'class = "model:{cls}"\n' + TOML.get(name, ""))
         (folder / "model.py").write_text(textwrap.dedent(source))
-    with running(repository, work, ready=READY) as server:
+    with running(repository, work, "--model-threads", str(MODEL_THREADS), ready=READY) as server:
         yield server
 
 
@@ -220,7 +221,7 @@ SIMPLE_CONFIG = {
          "is_non_linear_format_io": False}
         for name in ("OUTPUT0", "OUTPUT1")
     ],
-    "instance_group": [{"name": "simple_0", "count": 1, "gpus": [], "kind": "KIND_CPU", "profile": [],
+    "instance_group": [{"name": "simple_0", "count": MODEL_THREADS, "gpus": [], "kind": "KIND_CPU", "profile": [],
                         "passive": False, "host_policy": ""}],
     "default_model_filename": "",
     "cc_model_filenames": {},

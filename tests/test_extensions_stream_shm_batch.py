@@ -756,15 +756,6 @@ async def test_queue_survives_a_cancelled_caller() -> None:
 # --- the generated clients -------------------------------------------------------------------------------------
 
 
-def generated_clients_available() -> bool:
-    try:
-        import oip.client  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not generated_clients_available(), reason="no generated client (oip.client)")
 def test_generated_client_streams(server: Server) -> None:
     """The generated gRPC client's stream_infer: one result per request, several for a decoupled model."""
     from oip.client.grpc import GrpcClient
@@ -783,7 +774,6 @@ def test_generated_client_streams(server: Server) -> None:
         assert decoupled[3].names == []
 
 
-@pytest.mark.skipif(not generated_clients_available(), reason="no generated client (oip.client)")
 @needs_shm
 def test_generated_clients_shared_memory(server: Server) -> None:
     """The generated clients register, list and unregister regions, and ask for outputs in shared memory."""

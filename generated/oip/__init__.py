@@ -10,7 +10,7 @@ protobuf messages and back). The package imports its own modules relatively and 
 be vendored under any name.
 """
 
-SPEC_SHA256 = 'd70396fcec9538f84aa935486fa7a2905499dcd12245e6700b443ec724458b49'
+SPEC_SHA256 = 'd5bc32dbdb20a9d8abf614e1065987cd9708824ba3a7580ea082a789a6d908bf'
 GENERATOR = 'oipgen 0.1.0'
 GENERATOR_VERSION = '0.1.0'
 PROTO_PACKAGE = 'inference'

@@ -689,6 +689,28 @@ BINDINGS: dict[str, _Binding] = {
     ),
 }
 
+# The request of every operation with a REST form: its message, and the schema of its JSON body (None: the path
+# alone fills it).
+REQUESTS: dict[str, tuple[type[Message], str | None]] = {
+    'server_live': (grpc_service_pb2.ServerLiveRequest, None),
+    'server_ready': (grpc_service_pb2.ServerReadyRequest, None),
+    'model_ready': (grpc_service_pb2.ModelReadyRequest, None),
+    'server_metadata': (grpc_service_pb2.ServerMetadataRequest, None),
+    'model_metadata': (grpc_service_pb2.ModelMetadataRequest, None),
+    'model_infer': (grpc_service_pb2.ModelInferRequest, 'InferenceRequest'),
+    'model_config': (grpc_service_pb2.ModelConfigRequest, None),
+    'model_statistics': (grpc_service_pb2.ModelStatisticsRequest, None),
+    'repository_index': (grpc_service_pb2.RepositoryIndexRequest, 'RepositoryIndexRequest'),
+    'repository_model_load': (grpc_service_pb2.RepositoryModelLoadRequest, 'RepositoryModelLoadRequest'),
+    'repository_model_unload': (grpc_service_pb2.RepositoryModelUnloadRequest, 'RepositoryModelUnloadRequest'),
+    'system_shared_memory_status': (grpc_service_pb2.SystemSharedMemoryStatusRequest, None),
+    'system_shared_memory_register': (grpc_service_pb2.SystemSharedMemoryRegisterRequest, 'SystemSharedMemoryRegisterRequest'),
+    'system_shared_memory_unregister': (grpc_service_pb2.SystemSharedMemoryUnregisterRequest, None),
+    'cuda_shared_memory_status': (grpc_service_pb2.CudaSharedMemoryStatusRequest, None),
+    'cuda_shared_memory_register': (grpc_service_pb2.CudaSharedMemoryRegisterRequest, 'CudaSharedMemoryRegisterRequest'),
+    'cuda_shared_memory_unregister': (grpc_service_pb2.CudaSharedMemoryUnregisterRequest, None),
+}
+
 
 # -- REST -> protobuf ----------------------------------------------------------------------------------------------
 def rest_to_proto(
@@ -708,6 +730,25 @@ def rest_to_proto(
             raise ConvertError(f"{schema}: expected a JSON object")
         _fill(b, body, msg, raw, None)
     for name, value in (path or {}).items():
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def request_to_proto(
+    operation: str, body: Any = None, *, raw: bool = False, path: Mapping[str, Any] | None = None
+) -> Message:
+    """The request message of `operation` (a key of `REQUESTS`) from its REST form: the fields its path fills and
+    its JSON body (None: the request has none; an operation without a body schema takes none)."""
+    message_type, schema = REQUESTS[operation]
+    if schema is not None:
+        return rest_to_proto(schema, {} if body is None else body, raw=raw, path=path)
+    if body is not None:
+        raise ConvertError(f"{operation} takes no request body")
+    msg = message_type()
+    for name, value in (path or {}).items():
+        if name not in msg.DESCRIPTOR.fields_by_name:
+            raise ConvertError(f"{operation}: {name!r} is not a field of {msg.DESCRIPTOR.full_name}")
         if value is not None:
             setattr(msg, name, value)
     return msg

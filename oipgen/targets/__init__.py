@@ -8,8 +8,9 @@ version ranges the suite tests, and goes into the manifest.
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from ..api import Api
@@ -83,6 +84,15 @@ def render_folder(ctx: Context, tree: Tree, folder: str, extra: tuple[str, ...] 
     plan = {b.schema: b for b in bindings(ctx.api)}
     for name in names:
         tree.add(name.removesuffix(".jinja"), ctx.renderer.render(name, bindings=plan))
+
+
+def data_file(payload: dict[str, Any]) -> str:
+    """Package data: a JSON document read by the package at import, with the `@generated` mark as its first key.
+    Deterministic: keys keep the order of the spec's files, and the formatting is fixed."""
+    from .. import __version__
+
+    marked = {"@generated": f"by oipgen {__version__}. DO NOT EDIT.", **payload}
+    return json.dumps(marked, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def build(name: str, ctx: Context, tree: Tree) -> None:

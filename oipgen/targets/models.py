@@ -1,4 +1,5 @@
-"""Target `models`: pydantic v2 models of every REST body, the datatype table and the numpy codecs.
+"""Target `models`: pydantic v2 models of every REST body, the datatype table, the numpy codecs and the
+extensions (their names, operations and reserved parameter keys).
 
 The models come from datamodel-code-generator with pinned options (below): type aliases keep tensor `data` a
 recursive union and parameter maps plain dicts of scalars, with `extra="allow"` so no parameter is dropped; every
@@ -53,3 +54,4 @@ def build(ctx: Context, tree: Tree) -> None:
     for rel, source in ctx.renderer.runtime_files("").items():  # _base, codec
         tree.add(rel, ctx.renderer.copy(source))
     tree.add("datatypes.py", ctx.renderer.render("datatypes.py.jinja"))
+    tree.add("extensions.py", ctx.renderer.render("extensions.py.jinja"))

@@ -1,11 +1,19 @@
 """Target `server`: the FastAPI + grpc.aio server, its data plane and model API, `python -m <package>`, and the
-conformance suite, rendered from every template under `templates/server/` over the API model."""
+conformance suite, rendered from every template under `templates/server/` over the API model. The spec's OpenAPI
+document (served at /openapi.json) and the golden cases of the conformance suite ship as JSON package data."""
 
 from __future__ import annotations
 
 from ..output import Tree
-from . import Context, render_folder
+from . import Context, data_file, render_folder
 
 
 def build(ctx: Context, tree: Tree) -> None:
     render_folder(ctx, tree, "server", extra=("__main__.py.jinja", "conformance.py.jinja"))
+    tree.add("server/openapi.json", data_file({"document": ctx.api.openapi}))
+    cases = [
+        {"name": case.name, "summary": case.summary, "operation": case.operation,
+         "compare": case.raw.get("compare"), "rest": case.rest, "grpc": case.grpc}
+        for case in ctx.api.examples
+    ]
+    tree.add("conformance.json", data_file({"models": [m.raw for m in ctx.api.example_models], "cases": cases}))

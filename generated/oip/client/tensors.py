@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from .. import codec, datatypes
+from .. import codec, datatypes, extensions
 from .errors import InvalidArgument, ResponseError
 
 __all__ = [
@@ -60,9 +60,9 @@ HEADER_LENGTH: Final = "Inference-Header-Content-Length"
 """The binary tensor data extension's header: the byte length of the JSON part of the body."""
 BINARY_EXTENSION: Final = "binary_tensor_data"
 """The name under which a server lists the binary tensor data extension in its metadata."""
-_BINARY_SIZE: Final = "binary_data_size"
-_BINARY_DATA: Final = "binary_data"
-_BINARY_OUTPUT: Final = "binary_data_output"
+_BINARY_SIZE: Final = extensions.BINARY_DATA_SIZE
+_BINARY_DATA: Final = extensions.BINARY_DATA
+_BINARY_OUTPUT: Final = extensions.BINARY_DATA_OUTPUT
 _JSON_OPTIONS: Final = orjson.OPT_SERIALIZE_NUMPY
 # Dtypes orjson writes straight from an array's memory (native byte order, C-contiguous).
 _ORJSON_KINDS: Final = "biuf"
@@ -313,7 +313,7 @@ def encode_rest_request(
         out: dict[str, Any] = {"name": output.name}
         out_params: dict[str, Any] = dict(output.parameters) if output.parameters else {}
         # An output written to a shared-memory region has no data in the answer, binary or not.
-        in_region = "shared_memory_region" in out_params
+        in_region = extensions.SHARED_MEMORY_REGION in out_params
         as_binary = (binary and not in_region) if output.binary is None else output.binary
         if as_binary:
             out_params[_BINARY_DATA] = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import datetime
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 import grpc.aio
 import uvicorn
 
+from .. import extensions
 from .dataplane import DataPlane
 from .grpc import create_grpc_server
 from .http import http_protocol
@@ -185,6 +187,11 @@ async def serve(
     control: Any = None
     if repository is None:
         repository = ModelRepository(settings.model_repository)
+    # Plain `infer` methods run in the loop's default executor: exactly `model_threads` of them at once, the
+    # instance count the model configuration extension reports.
+    loop.set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="model")
+    )
     try:
         await repository.load_all()
         if stop.is_set():  # a signal came while the models loaded
@@ -362,7 +369,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="text lines, or one JSON object per line (default: %(default)s)")
     p.add_argument("--access-log", action="store_true", default=defaults.access_log,
                    help="log every REST request")
+    p.add_argument("--extensions", type=_extensions, default=None, metavar="LIST",
+                   help="comma-separated extensions to serve, by Triton's names (default: every one this server "
+                        f"can serve); the protocol's: {', '.join(extensions.EXTENSIONS)}. One left out is not "
+                        "listed in server metadata and its operations answer 501 / UNIMPLEMENTED")
+    p.add_argument("--model-threads", type=_positive, default=defaults.model_threads, metavar="N",
+                   help="worker threads running models' plain infer() methods; the instance count the model "
+                        "configuration reports (default: %(default)s)")
     return p
+
+
+def _extensions(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in extensions.EXTENSIONS:
+            raise argparse.ArgumentTypeError(
+                f"unknown extension {name!r}; choose from {', '.join(extensions.EXTENSIONS)}"
+            )
+    return names
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -381,6 +405,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
         http_header_timeout=args.http_header_timeout,
         http_keep_alive_seconds=args.http_keep_alive_seconds,
+        extensions=args.extensions,
+        model_threads=args.model_threads,
     )
 
 
@@ -456,6 +482,9 @@ def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerR
     try:
         with _runner() as runner:
             runner.run(serve(settings, ports_file=args.ports_file, worker=worker))
+    except ValueError as exc:  # settings the server cannot honour (an extension it cannot serve here)
+        log.error("%s", exc)
+        return 2
     except (OSError, RuntimeError) as exc:
         log.error("%s", exc)
         return 1

@@ -47,7 +47,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from .. import datatypes
+from .. import datatypes, extensions
 from ..grpc import grpc_service_pb2 as pb
 from ..grpc import model_config_pb2 as pb_config
 from .batching import Batcher, is_batching
@@ -56,7 +56,6 @@ from .errors import InvalidRequest, ModelFailure, NotReady, OipError, Unimplemen
 from .model import Model, TensorSpec
 from .repository import ModelRepository
 from .settings import Settings
-from .shared_memory import EXTENSION as SHARED_MEMORY
 from .shared_memory import REGION, Placement, Region, SharedMemory, placement_of
 from .statistics import Statistics
 from .streaming import EMPTY_FINAL, FINAL, Answer, final_response, serve_stream
@@ -64,8 +63,8 @@ from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 __all__ = [
     "CLASSIFICATION",
-    "EXTENSIONS",
     "TRANSPORT_PARAMETERS",
+    "UNSUPPORTED",
     "DataPlane",
     "PreparedRequest",
     "classify",
@@ -76,17 +75,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# What this server implements, under Triton's extension names (clients such as perf_analyzer adapt to it).
-EXTENSIONS: Final[tuple[str, ...]] = (
-    "model_repository", "binary_tensor_data", "parameters", "model_configuration", "statistics", "classification"
-)
+# The spec's extensions (`extensions.EXTENSIONS`, Triton's names) this server never serves: it has no GPU stack.
+# It serves every other one (system shared memory where the platform has POSIX shared memory); server metadata
+# lists exactly those enabled, so clients such as perf_analyzer adapt.
+CUDA_SHARED_MEMORY: Final = "cuda_shared_memory"
+UNSUPPORTED: Final = frozenset({CUDA_SHARED_MEMORY})
+SHARED_MEMORY: Final = "system_shared_memory"
+BINARY_TENSOR_DATA: Final = "binary_tensor_data"
+PARAMETERS: Final = "parameters"
 
 # Request parameters that steer a transport (the binary tensor data extension), not the model: the model
 # never sees them.
-TRANSPORT_PARAMETERS: Final = frozenset({"binary_data_output"})
+TRANSPORT_PARAMETERS: Final = frozenset({extensions.BINARY_DATA_OUTPUT})
 
 # The classification extension: a requested output's parameter asking for its top k elements as class strings.
-CLASSIFICATION: Final = "classification"
+CLASSIFICATION: Final = extensions.CLASSIFICATION
 # Triton ranks integer and float outputs that have a JSON form (not BOOL, FP16, BF16 or BYTES).
 _CLASSIFIABLE: Final = frozenset(d.name for d in datatypes.DATATYPES if d.json and d.dtype.kind in "iuf")
 _CLASSIFICATION_LIMIT: Final = 1_000_000  # elements of one output (Triton's limit)
@@ -120,20 +123,36 @@ class DataPlane(DataPlaneBase):
         self.repository = repository
         self.settings = settings if settings is not None else Settings()
         self.shared_memory = SharedMemory()
-        if not self.settings.extensions:
-            self.settings.extensions = list(EXTENSIONS)
-            if self.shared_memory.available:
-                self.settings.extensions.append(SHARED_MEMORY)
+        self.enabled: Final[tuple[str, ...]] = tuple(self._enabled(self.settings.extensions))
+        self.settings.extensions = list(self.enabled)
+        self.disable_extensions(self.enabled, reasons={CUDA_SHARED_MEMORY: _NO_CUDA})
         self.live = True  # the serving layer may turn it off while it shuts down
         self.statistics = Statistics()
         self.batcher = Batcher()
 
     @property
     def extensions(self) -> list[str]:
-        return list(self.settings.extensions)
+        return list(self.enabled)
+
+    def _enabled(self, wanted: list[str] | None) -> list[str]:
+        """The extensions to serve, in the spec's order: `wanted` (None: every one available). ValueError for a
+        name the spec does not have or one this server cannot serve here."""
+        available = [
+            name for name in extensions.EXTENSIONS
+            if name not in UNSUPPORTED and (name != SHARED_MEMORY or self.shared_memory.available)
+        ]
+        if wanted is None:
+            return available
+        for name in wanted:
+            if name not in extensions.EXTENSIONS:
+                raise ValueError(f"unknown extension {name!r}; the protocol's are {', '.join(extensions.EXTENSIONS)}")
+            if name not in available:
+                why = "no GPU stack" if name in UNSUPPORTED else "no POSIX shared memory on this host"
+                raise ValueError(f"the {name} extension cannot be served here ({why})")
+        return [name for name in available if name in wanted]
 
     def _require(self, extension: str) -> None:
-        if extension not in self.settings.extensions:
+        if extension not in self.enabled:
             raise Unimplemented(f"the {extension} extension is not enabled on this server")
 
     # --- health and metadata ----------------------------------------------------------------------------
@@ -212,8 +231,13 @@ class DataPlane(DataPlaneBase):
         """Check `request` against `model` (InvalidRequest when it does not fit) and return what runs it."""
         inputs, batch_size = _check_inputs(model, request.inputs)
         wanted = _check_requested_outputs(model, [output.name for output in request.outputs])
-        classification = _check_classification(model, request.outputs, CLASSIFICATION in self.settings.extensions)
+        classification = _check_classification(model, request.outputs, CLASSIFICATION in self.enabled)
         parameters = _check_request_parameters(request.parameters)
+        if parameters and PARAMETERS not in self.enabled:
+            raise Unimplemented(
+                f"the parameters extension is not enabled on this server: request parameters "
+                f"({', '.join(sorted(parameters))}) cannot reach the model"
+            )
         return PreparedRequest(inputs, wanted, classification, parameters, batch_size)
 
     async def run_model(
@@ -353,13 +377,17 @@ class DataPlane(DataPlaneBase):
     # --- model configuration and statistics extensions ------------------------------------------------
 
     async def model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        self._require("model_configuration")
-        return pb.ModelConfigResponse(config=model_config(self.repository.get(request.name, request.version)))
+        model = self.repository.get(request.name, request.version)
+        return pb.ModelConfigResponse(config=model_config(model, self.instances(model)))
+
+    def instances(self, model: Model) -> int:
+        """How many requests of `model` run at once: a plain `infer` runs in the worker threads
+        (`Settings.model_threads`), a coroutine on the event loop, one at a time between its awaits."""
+        return 1 if inspect.iscoroutinefunction(model.infer) else self.settings.model_threads
 
     async def model_statistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         """Every ready model version (no name), every ready version of a model (no version), or one version.
         NotFound for an unknown model or version, NotReady for one that is not ready."""
-        self._require("statistics")
         if not request.name:
             if request.version:
                 raise InvalidRequest("statistics of a model version need the model's name")
@@ -376,12 +404,11 @@ class DataPlane(DataPlaneBase):
             model_stats=[self.statistics.to_proto(name, version) for name, version in keys]
         )
 
-    # --- system shared memory extension (CUDA shared memory: unimplemented) ------------------------------
+    # --- system shared memory extension (CUDA shared memory: never enabled, see UNSUPPORTED) -------------
 
     async def system_shared_memory_status(
         self, request: pb.SystemSharedMemoryStatusRequest
     ) -> pb.SystemSharedMemoryStatusResponse:
-        self._require(SHARED_MEMORY)
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self.shared_memory.status(request.name):
             response.regions[region.name].CopyFrom(
@@ -394,31 +421,14 @@ class DataPlane(DataPlaneBase):
     async def system_shared_memory_register(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self._require(SHARED_MEMORY)
         self.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def system_shared_memory_unregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self._require(SHARED_MEMORY)
         self.shared_memory.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
-
-    async def cuda_shared_memory_status(
-        self, request: pb.CudaSharedMemoryStatusRequest
-    ) -> pb.CudaSharedMemoryStatusResponse:
-        raise Unimplemented(_NO_CUDA)
-
-    async def cuda_shared_memory_register(
-        self, request: pb.CudaSharedMemoryRegisterRequest
-    ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise Unimplemented(_NO_CUDA)
-
-    async def cuda_shared_memory_unregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        raise Unimplemented(_NO_CUDA)
 
     # --- model repository extension -------------------------------------------------------------------
 
@@ -547,10 +557,10 @@ def _tensor_metadata(model: Model, spec: TensorSpec) -> pb.ModelMetadataResponse
     )
 
 
-def model_config(model: Model) -> pb_config.ModelConfig:
+def model_config(model: Model, instances: int = 1) -> pb_config.ModelConfig:
     """Triton's model configuration of `model`, from its declarations. Tensor `dims` exclude the batch dimension
     of a model that batches (as declared); every declared version is served (`version_policy: all`); the model
-    runs through the Python model API (`backend: python`) as one CPU instance."""
+    runs through the Python model API (`backend: python`) as `instances` CPU instances (`DataPlane.instances`)."""
     config = pb_config.ModelConfig(
         name=model.name,
         platform=model.platform,
@@ -567,7 +577,7 @@ def model_config(model: Model) -> pb_config.ModelConfig:
         ],
         instance_group=[
             pb_config.ModelInstanceGroup(
-                name=f"{model.name}_0", kind=pb_config.ModelInstanceGroup.Kind.KIND_CPU, count=1
+                name=f"{model.name}_0", kind=pb_config.ModelInstanceGroup.Kind.KIND_CPU, count=instances
             )
         ],
         model_transaction_policy=pb_config.ModelTransactionPolicy(decoupled=model.decoupled),
@@ -709,7 +719,7 @@ def _check_classification(model: Model, outputs: Sequence[RequestedOutput], enab
             continue
         if not enabled:
             raise Unimplemented("the classification extension is not enabled on this server")
-        if "shared_memory_region" in output.parameters:
+        if REGION in output.parameters:
             raise InvalidRequest(f"output '{output.name}': classification cannot be written to shared memory")
         spec = declared[output.name]
         if spec.datatype not in _CLASSIFIABLE:

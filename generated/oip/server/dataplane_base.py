@@ -7,12 +7,17 @@
 Each answers UNIMPLEMENTED until `DataPlane` (dataplane.py) implements it, so an operation added to the spec
 gets a REST route and a gRPC method at once, both answering 501 / UNIMPLEMENTED. Operations take and return the
 protobuf messages of the operation, except inference, which works on numpy tensors (`types`).
+
+`disable_extensions` switches extensions off: every operation an extension left out owns (`extensions.OPERATIONS`)
+then answers UNIMPLEMENTED on both transports, whatever the subclass implements.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
 
+from .. import extensions
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from .errors import Unimplemented
@@ -23,10 +28,23 @@ TENSOR_OPERATIONS = frozenset({
     'model_infer',
     'model_stream_infer',
 })
+# Operations that stream (their method returns an async iterator rather than a coroutine).
+STREAMING_OPERATIONS = frozenset({
+    'model_stream_infer',
+})
 
 
 class DataPlaneBase:
     """Every operation of `inference.GRPCInferenceService`, unimplemented."""
+
+    def disable_extensions(self, enabled: Iterable[str], reasons: Mapping[str, str] | None = None) -> None:
+        """Make every operation owned by an extension not in `enabled` answer UNIMPLEMENTED, with the message
+        `reasons` gives for that extension, or else "the <extension> extension is not enabled on this server"."""
+        keep = set(enabled)
+        for operation, extension in extensions.OPERATIONS.items():
+            if extension not in keep:
+                message = (reasons or {}).get(extension, f"the {extension} extension is not enabled on this server")
+                setattr(self, operation, _disabled(operation, message))
 
     async def server_live(self, request: pb_grpc_service.ServerLiveRequest) -> pb_grpc_service.ServerLiveResponse:
         """Liveness: whether the server process can take requests at all."""
@@ -101,3 +119,16 @@ class DataPlaneBase:
     async def cuda_shared_memory_unregister(self, request: pb_grpc_service.CudaSharedMemoryUnregisterRequest) -> pb_grpc_service.CudaSharedMemoryUnregisterResponse:
         """Unregister one CUDA shared-memory region, or all of them."""
         raise Unimplemented("CudaSharedMemoryUnregister is not implemented by this server")
+
+
+def _disabled(operation: str, message: str) -> Callable[..., Any]:
+    if operation in STREAMING_OPERATIONS:
+        def refuse_stream(requests: Any) -> Any:
+            raise Unimplemented(message)
+
+        return refuse_stream
+
+    async def refuse(request: Any) -> Any:
+        raise Unimplemented(message)
+
+    return refuse

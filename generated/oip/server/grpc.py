@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
-from .. import codec, convert
+from .. import codec, convert, extensions
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=Message)
 Context: TypeAlias = "grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]"
-_SHARED_MEMORY: Final = "shared_memory_region"  # input parameters: data held by the shared memory extension
+_SHARED_MEMORY: Final = extensions.SHARED_MEMORY_REGION  # input parameters: data held by the shared memory extension
 # The value of every parameters map of inference messages.
 _PARAM_TYPE: Final = 'inference.InferParameter'
 # Inference messages at least this large keep their raw tensor bytes out of the protobuf message: the request's

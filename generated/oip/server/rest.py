@@ -39,11 +39,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from .. import codec, convert, datatypes
+from .. import codec, convert, datatypes, extensions
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
-from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
+from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
 from .openapi import DOCUMENT
 from .settings import Settings
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -56,15 +56,18 @@ HEADER_LENGTH: Final = "inference-header-content-length"
 """The binary tensor data extension's header: the byte length of the JSON part of the body."""
 _JSON: Final = "application/json"
 _BINARY: Final = "application/octet-stream"
-# Keys of the binary tensor data extension: REST encoding only, so the data plane never sees them.
-_BINARY_OUTPUT: Final = "binary_data_output"  # request parameters: default for outputs not listed
-_BINARY_SIZE: Final = "binary_data_size"  # input and output parameters: bytes in the binary part
-_BINARY_DATA: Final = "binary_data"  # requested-output parameters: this output as binary
-_SHARED_MEMORY: Final = "shared_memory_region"  # tensor parameters: data held by the shared memory extension
+# Keys of the binary tensor data extension (`extensions`): REST encoding only, so the data plane never sees them.
+_BINARY_OUTPUT: Final = extensions.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
+_BINARY_SIZE: Final = extensions.BINARY_DATA_SIZE  # input and output parameters: bytes in the binary part
+_BINARY_DATA: Final = extensions.BINARY_DATA  # requested-output parameters: this output as binary
+_SHARED_MEMORY: Final = extensions.SHARED_MEMORY_REGION  # tensor parameters: data held by the shared memory extension
 _INT_RANGE: Final = (-(2**63), 2**64 - 1)  # parameter integers: int64, or uint64 above int64's range
-# Operations whose REST bodies list every field, defaults included, as Triton writes them: perf_analyzer reads
-# `inference_stats.queue.count` and `model_transaction_policy.decoupled` without checking that they exist.
-_COMPLETE_BODIES: Final = frozenset({"model_statistics", "model_config"})
+_BINARY_EXTENSION: Final = extensions.PARAMETERS[_BINARY_SIZE]
+_NO_BINARY: Final = (
+    f"the {_BINARY_EXTENSION} extension is not enabled on this server: send and ask for tensor data as JSON "
+    f"'data' (no Inference-Header-Content-Length header or '{_BINARY_SIZE}', '{_BINARY_OUTPUT}' and "
+    f"'{_BINARY_DATA}' false)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,9 @@ class Endpoint:
     response: str | None  # the 200 body's schema, None: an empty body
     rest_only: tuple[str, ...]  # response properties that only REST has, filled from the path field of that name
     health: str | None  # the response's boolean whose `false` answers with the not-ready status
+    # The body lists every field, defaults included, as Triton writes it (x-oip-print-defaults): perf_analyzer
+    # reads `inference_stats.queue.count` and `model_transaction_policy.decoupled` without checking they exist.
+    print_defaults: bool
 
 
 ENDPOINTS: Final[tuple[Endpoint, ...]] = (
@@ -95,6 +101,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ServerLiveResponse',
         rest_only=(),
         health='live',
+        print_defaults=False,
     ),
     Endpoint(
         operation='server_ready',
@@ -107,6 +114,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ServerReadyResponse',
         rest_only=(),
         health='ready',
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_ready',
@@ -119,6 +127,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelReadyResponse',
         rest_only=('name',),
         health='ready',
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_ready',
@@ -131,6 +140,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelReadyResponse',
         rest_only=('name',),
         health='ready',
+        print_defaults=False,
     ),
     Endpoint(
         operation='server_metadata',
@@ -143,6 +153,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='MetadataServerResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_metadata',
@@ -155,6 +166,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='MetadataModelResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_metadata',
@@ -167,6 +179,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='MetadataModelResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_infer',
@@ -179,6 +192,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='InferenceResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_infer',
@@ -191,6 +205,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='InferenceResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='model_config',
@@ -203,6 +218,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelConfigResponse',
         rest_only=(),
         health=None,
+        print_defaults=True,
     ),
     Endpoint(
         operation='model_config',
@@ -215,6 +231,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelConfigResponse',
         rest_only=(),
         health=None,
+        print_defaults=True,
     ),
     Endpoint(
         operation='model_statistics',
@@ -227,6 +244,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelStatisticsResponse',
         rest_only=(),
         health=None,
+        print_defaults=True,
     ),
     Endpoint(
         operation='model_statistics',
@@ -239,6 +257,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelStatisticsResponse',
         rest_only=(),
         health=None,
+        print_defaults=True,
     ),
     Endpoint(
         operation='model_statistics',
@@ -251,6 +270,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='ModelStatisticsResponse',
         rest_only=(),
         health=None,
+        print_defaults=True,
     ),
     Endpoint(
         operation='repository_index',
@@ -263,6 +283,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='RepositoryIndexResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='repository_model_load',
@@ -275,6 +296,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='repository_model_unload',
@@ -287,6 +309,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='system_shared_memory_status',
@@ -299,6 +322,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='SystemSharedMemoryStatusResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='system_shared_memory_status',
@@ -311,6 +335,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='SystemSharedMemoryStatusResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='system_shared_memory_register',
@@ -323,6 +348,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='system_shared_memory_unregister',
@@ -335,6 +361,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='system_shared_memory_unregister',
@@ -347,6 +374,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='cuda_shared_memory_status',
@@ -359,6 +387,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='CudaSharedMemoryStatusResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='cuda_shared_memory_status',
@@ -371,6 +400,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response='CudaSharedMemoryStatusResponse',
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='cuda_shared_memory_register',
@@ -383,6 +413,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='cuda_shared_memory_unregister',
@@ -395,6 +426,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
     Endpoint(
         operation='cuda_shared_memory_unregister',
@@ -407,6 +439,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         response=None,
         rest_only=(),
         health=None,
+        print_defaults=False,
     ),
 )
 
@@ -574,27 +607,26 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
     async def handle(request: Request) -> Response:
         try:
             fields = {field: request.path_params[name] for name, field in endpoint.params}
-            if endpoint.body is None:
-                message = endpoint.request(**fields)
-            else:
+            body: Any = None
+            if endpoint.body is not None:
                 raw = await _read_body(request, settings.max_request_bytes)
                 if not raw.strip():
                     if endpoint.body_required:
                         raise InvalidRequest("the request body is empty; this operation needs a JSON body")
-                    body: Any = {}
+                    body = {}
                 else:
                     body = _parse_json(raw, "the request body")
-                try:
-                    message = convert.rest_to_proto(endpoint.body, body, path=fields)
-                except (ValueError, TypeError, AttributeError, KeyError) as exc:  # the body does not fit the schema
-                    raise InvalidRequest(f"invalid request body: {exc}") from None
+            try:
+                message = convert.request_to_proto(endpoint.operation, body, path=fields)
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:  # the body does not fit the schema
+                raise InvalidRequest(f"invalid request body: {exc}") from None
             reply = await call(message)
             if endpoint.response is None:
                 return Response(status_code=200)
             out = convert.proto_to_rest(
                 endpoint.response, reply, **{p: fields[p] for p in endpoint.rest_only if p in fields}
             )
-            if endpoint.operation in _COMPLETE_BODIES:
+            if endpoint.print_defaults:
                 unwrap = convert.BINDINGS[endpoint.response].unwrap
                 _with_defaults(out, getattr(reply, unwrap) if unwrap else reply)
             healthy = endpoint.health is None or bool(getattr(reply, endpoint.health))
@@ -651,6 +683,8 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
         try:
             raw = await _read_body(request, settings.max_request_bytes)
             header_length = request.headers.get(HEADER_LENGTH)
+            if header_length is not None and not binary_enabled(settings):
+                raise Unimplemented(_NO_BINARY)
             fields = {field: request.path_params[name] for name, field in endpoint.params}
             if header_length is not None and header_length.strip() == "0":
                 # The whole body is the data of the model's single input; every output comes back binary.
@@ -667,6 +701,11 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
             return _error_response(exc, settings)
 
     return handle
+
+
+def binary_enabled(settings: Settings) -> bool:
+    """Whether the binary tensor data extension is on (`Settings.extensions`; None: every extension)."""
+    return settings.extensions is None or _BINARY_EXTENSION in settings.extensions
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
@@ -794,7 +833,10 @@ def decode_infer_request(
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest(f"'id' must be a string, got {_kind(request_id)}")
     parameters = _parameters(doc.get("parameters"), "request")
+    binary_on = binary_enabled(settings)  # off: asking for binary data (true flags, binary_data_size) is 501
     default_binary = bool(_flag(parameters, _BINARY_OUTPUT, "request"))
+    if default_binary and not binary_on:
+        raise Unimplemented(_NO_BINARY)
 
     items = doc.get("inputs")
     if not isinstance(items, list):
@@ -818,6 +860,8 @@ def decode_infer_request(
             raise TooLarge(f"{where}: shape {shape} has {count} elements, more than the {limit} allowed per tensor")
         params = _parameters(item.get("parameters"), where)
         size = params.pop(_BINARY_SIZE, None)
+        if size is not None and not binary_on:
+            raise Unimplemented(_NO_BINARY)
         data = item.get("data")
         array: npt.NDArray[Any] | None
         if size is not None:
@@ -858,6 +902,8 @@ def decode_infer_request(
             name = _string(item, "name", f"output {i}")
             params = _parameters(item.get("parameters"), f"output '{name}'")
             listed[name] = bool(_flag(params, _BINARY_DATA, f"output '{name}'"))
+            if listed[name] and not binary_on:
+                raise Unimplemented(_NO_BINARY)
             if listed[name] and _SHARED_MEMORY in params:
                 raise InvalidRequest(f"output '{name}' can't set both '{_SHARED_MEMORY}' and '{_BINARY_DATA}'")
             outputs.append(RequestedOutput(name, params))

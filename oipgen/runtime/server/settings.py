@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import GENERATOR_VERSION
@@ -30,4 +31,10 @@ class Settings:
     # otherwise); an idle keep-alive connection closes after `http_keep_alive_seconds`.
     http_header_timeout: float = 10.0
     http_keep_alive_seconds: int = 5
-    extensions: list[str] = field(default_factory=list)  # filled by the data plane with what is enabled
+    # The extensions to serve, by Triton's names (`extensions.EXTENSIONS`); None: every one this server can. An
+    # extension left out is not listed in server metadata, its operations answer 501 / UNIMPLEMENTED, and a
+    # request that uses it is refused (see the README). The data plane replaces None with what it serves.
+    extensions: list[str] | None = None
+    # Worker threads that run the models' plain (non-async) `infer` and hooks: the event loop's default executor
+    # while serving. The model configuration extension reports it as the instance count of such models.
+    model_threads: int = min(32, (os.cpu_count() or 1) + 4)

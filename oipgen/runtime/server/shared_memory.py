@@ -35,12 +35,11 @@ from typing import Any, Final
 
 import numpy.typing as npt
 
-from .. import codec
+from .. import codec, extensions
 from .errors import AlreadyExists, InvalidRequest, NotFound, Unimplemented
 
 __all__ = [
     "BYTE_SIZE",
-    "EXTENSION",
     "OFFSET",
     "REGION",
     "Placement",
@@ -49,10 +48,9 @@ __all__ = [
     "placement_of",
 ]
 
-EXTENSION: Final = "system_shared_memory"
-REGION: Final = "shared_memory_region"
-OFFSET: Final = "shared_memory_offset"
-BYTE_SIZE: Final = "shared_memory_byte_size"
+REGION: Final = extensions.SHARED_MEMORY_REGION
+OFFSET: Final = extensions.SHARED_MEMORY_OFFSET
+BYTE_SIZE: Final = extensions.SHARED_MEMORY_BYTE_SIZE
 KEYS: Final = frozenset({REGION, OFFSET, BYTE_SIZE})
 
 ROOT: Final = Path("/dev/shm")
