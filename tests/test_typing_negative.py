@@ -29,7 +29,7 @@ BAD = {
     ),
     "client_model_name": 'RestClient("http://h").infer(123, {})  # error: arg-type',
     "client_unknown_operation": 'GrpcClient("h:1").no_such_operation()  # error: attr-defined',
-    "client_keyword_only": 'RestClient("http://h").server_live(5.0)  # error: misc',
+    "client_keyword_only": 'RestClient("http://h").server_live(5.0)  # error: call-arg',
     "client_result_type": 'live: int = RestClient("http://h").server_live()  # error: assignment',
     "async_client_not_awaited": (
         "async def f() -> None:\n"
