@@ -19,9 +19,11 @@ build: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-## goldens: refresh the committed output in generated/ after a change to spec/, templates/ or oipgen/
+## goldens: refresh the committed output in generated/ after a change to spec/, templates/ or oipgen/, and the
+##   goldens of the extra specs (tests/specs/*.diff: what each variant of the spec generates differently)
 goldens: $(STAMP)
 	$(BIN)/oipgen build --target all
+	$(BIN)/python tests/specs/variants.py
 
 ## lint: ruff over oipgen (runtime included), the tests and bench; mypy strict over oipgen and over a fresh build of
 ##   the package (where the runtime modules are type-checked with the generated code they import)

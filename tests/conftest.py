@@ -16,8 +16,11 @@ SPEC = ROOT / "spec"
 GENERATED = ROOT / "generated"
 BIN = Path(sys.executable).parent
 
-if str(GENERATED) not in sys.path:
-    sys.path.insert(0, str(GENERATED))
+SPECS = ROOT / "tests" / "specs"  # the extra specs (variants.py) and their goldens
+
+for _path in (GENERATED, SPECS):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 def oipgen(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,11 +12,9 @@ limits, and a huge shape refused without allocating.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -27,8 +25,8 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+import variants
 import yaml
-from conftest import SPEC, oipgen
 from google.protobuf import json_format
 from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
@@ -416,35 +414,9 @@ def test_unimplemented_operations(http: httpx.Client, stub: pb_grpc.GRPCInferenc
 def test_an_rpc_added_to_the_spec_is_served_unimplemented(tmp_path: Path) -> None:
     """Add an RPC and its REST operation to a copy of the spec, rebuild: the server has its route and its method,
     both answering 501 / UNIMPLEMENTED until the data plane implements it."""
-    spec = tmp_path / "spec"
-    shutil.copytree(SPEC, spec)
-    proto = spec / "grpc_service.proto"
-    line = "  rpc ServerLive(ServerLiveRequest) returns (ServerLiveResponse) {}\n"
-    assert line in proto.read_text()
-    added = "\n  // Liveness, again.\n  rpc ServerLiveAgain(ServerLiveRequest) returns (ServerLiveResponse) {}\n"
-    proto.write_text(proto.read_text().replace(line, line + added, 1))
-    openapi = spec / "openapi.yaml"
-    anchor = "\n  /v2/health/live:\n"
-    assert anchor in openapi.read_text()
-    openapi.write_text(openapi.read_text().replace(anchor, textwrap.dedent("""
-          /v2/health/live_again:
-            get:
-              operationId: server_live_again
-              x-oip-rpc: ServerLiveAgain
-              tags: [health]
-              summary: Liveness, again.
-              responses:
-                '200':
-                  description: The server is live.
-                  content:
-                    application/json:
-                      schema:
-                        $ref: '#/components/schemas/ServerLiveResponse'
-        """).replace("\n", "\n  ")[:-2] + anchor[1:], 1))
-    result = oipgen("build", "-q", "--spec", str(spec), "--out", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stdout + result.stderr
+    package = variants.build("rpc_added", tmp_path)  # tests/specs/variants.py: one place for the change
     repository = build_repository(tmp_path / "models", only=("simple",))
-    with running(repository, tmp_path, package_dir=tmp_path / "out") as server, server.http_client() as http, \
+    with running(repository, tmp_path, package_dir=package.parent) as server, server.http_client() as http, \
             server.channel() as channel:
         assert "ServerLiveAgain" in assert_error_body(http.get("/v2/health/live_again"), 501)
         again: Any = channel.unary_unary("/inference.GRPCInferenceService/ServerLiveAgain")
