@@ -718,7 +718,12 @@ async def test_unload_waits_for_requests_in_flight() -> None:
     running = asyncio.create_task(dp.model_infer(request("blocking", tensor("INPUT0", "FP32", [1.0]))))
     await started.wait()
     unloading = asyncio.create_task(dp.repository.unload("blocking"))
-    await asyncio.sleep(0.05)
+
+    async def unload_began() -> None:
+        while dp.repository.is_ready("blocking"):
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(unload_began(), 30)  # the model stops taking requests: the unload is waiting
     assert not unloaded and not unloading.done()
     assert isinstance(await infer_error(dp, request("blocking", tensor("INPUT0", "FP32", [1.0]))), NotReady)
     release.set()

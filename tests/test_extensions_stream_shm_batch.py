@@ -642,15 +642,18 @@ class Recorder(Model):
     outputs = (TensorSpec("OUT", "INT64", [-1]),)
     max_batch_size = 8
 
-    def __init__(self, delay_us: int = 0, preferred: tuple[int, ...] = (), sleep: float = 0.0) -> None:
+    def __init__(self, delay_us: int = 0, preferred: tuple[int, ...] = (), gated: bool = False) -> None:
         super().__init__(dynamic_batching=DynamicBatching(delay_us, preferred))
         self.calls: list[int] = []
-        self.sleep = sleep
+        self.entered = asyncio.Event()  # set when a call starts
+        self.gate = asyncio.Event()  # a gated model's calls wait for it
+        if not gated:
+            self.gate.set()
 
     async def infer(self, inputs: dict[str, npt.NDArray[Any]], parameters: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(int(inputs["IN"].shape[0]))
-        if self.sleep:
-            await asyncio.sleep(self.sleep)
+        self.entered.set()
+        await self.gate.wait()
         if parameters.get("fail"):
             raise RuntimeError("asked to fail")
         return {"OUT": inputs["IN"] + 1}
@@ -696,14 +699,14 @@ async def test_queue_fills_a_batch_within_the_delay() -> None:
 
 @pytest.mark.anyio
 async def test_queue_closes_a_full_batch_and_a_preferred_one_early() -> None:
-    model = Recorder(delay_us=5_000_000, preferred=(4,))
+    model = Recorder(delay_us=3_600_000_000, preferred=(4,))  # an hour: a batch that waited for it never returns
     dp = await dataplane(model)
     full = [rows_request(i) for i in range(8)]
-    await asyncio.wait_for(asyncio.gather(*(dp.model_infer(r) for r in full)), 2)  # never waits for the delay
+    await asyncio.wait_for(asyncio.gather(*(dp.model_infer(r) for r in full)), 60)
     assert model.calls == [8]
     preferred = [rows_request(i, rows=2) for i in range(3)]  # 6 rows: the first 4 go at once
     waiting = [asyncio.ensure_future(dp.model_infer(r)) for r in preferred]
-    responses = await asyncio.wait_for(asyncio.gather(*waiting[:2]), 2)
+    responses = await asyncio.wait_for(asyncio.gather(*waiting[:2]), 60)
     for response, request in zip(responses, preferred, strict=False):
         check(response, request)
     assert model.calls == [8, 4] and not waiting[2].done()
@@ -729,12 +732,16 @@ async def test_queue_separates_shapes_parameters_and_failures() -> None:
 @pytest.mark.anyio
 async def test_queue_forms_batches_under_load_without_delay() -> None:
     """With no delay, the first request runs at once and the ones arriving meanwhile go together next."""
-    model = Recorder(delay_us=0, sleep=0.05)
+    model = Recorder(delay_us=0, gated=True)
     dp = await dataplane(model)
     first = asyncio.ensure_future(dp.model_infer(rows_request(0)))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(model.entered.wait(), 30)  # the first request runs, alone
     rest = [rows_request(i) for i in range(1, 6)]
-    responses = await asyncio.gather(*(dp.model_infer(r) for r in rest))
+    waiting = [asyncio.ensure_future(dp.model_infer(r)) for r in rest]
+    for _ in range(20):  # let them all reach the queue (no clock: the loop runs each ready task once per turn)
+        await asyncio.sleep(0)
+    model.gate.set()
+    responses = await asyncio.gather(*waiting)
     check(await first, rows_request(0))
     for response, request in zip(responses, rest, strict=True):
         check(response, request)
@@ -746,7 +753,8 @@ async def test_queue_survives_a_cancelled_caller() -> None:
     model = Recorder(delay_us=100_000)
     dp = await dataplane(model)
     doomed = asyncio.ensure_future(dp.model_infer(rows_request(0)))
-    await asyncio.sleep(0.01)
+    for _ in range(20):  # it reaches the queue, where it waits for the delay
+        await asyncio.sleep(0)
     doomed.cancel()
     kept = rows_request(7)
     check(await dp.model_infer(kept), kept)

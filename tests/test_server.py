@@ -560,8 +560,8 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
             thread.start()
         wait_started(repository / "slow", 2)  # both requests are in flight, each in its own worker thread
         server.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 2
-        while True:  # soon, new connections are refused while the two requests still run
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # new connections are refused while the two requests still run
             try:
                 httpx.get(f"{server.url}/v2/health/live", timeout=1)
             except httpx.TransportError:
@@ -601,7 +601,10 @@ def test_second_sigterm_stops_at_once(tmp_path: Path) -> None:
         thread.start()
         wait_started(repository / "slow", 1)
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        deadline = time.monotonic() + TIMEOUT
+        while "draining" not in server.log_text():  # the first signal is taken: the server drains
+            assert time.monotonic() < deadline, server.log_text()
+            time.sleep(0.05)
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=10) == 128 + signal.SIGTERM
         thread.join(timeout=TIMEOUT)
