@@ -1,4 +1,3 @@
-{{ header }}
 """The REST transport: a FastAPI app whose routes are rendered from the spec's REST operations.
 
 Routes only decode, call the data plane and encode; every rule of the protocol lives in the data plane.
@@ -22,7 +21,6 @@ import logging
 import re
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -37,10 +35,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .. import codec, convert, datatypes, extensions
-{% for module in api.proto_files | map("replace", ".proto", "") | unique %}
-from ..grpc import {{ module }}_pb2 as pb_{{ module }}
-{% endfor %}
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
+from .endpoints import ENDPOINTS, MODEL_METADATA_REQUEST, Endpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
 from .openapi import DOCUMENT
 from .settings import Settings
@@ -67,49 +63,6 @@ _NO_BINARY: Final = (
     f"'{_BINARY_DATA}' false)"
 )
 
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One REST operation of the spec."""
-
-    operation: str  # the data plane method (snake case of the RPC)
-    method: str
-    path: str
-    params: tuple[tuple[str, str], ...]  # (path variable, request field it fills)
-    request: type[Message]  # the operation's protobuf request
-    body: str | None  # the request body's schema (convert.BINDINGS), None: no body
-    body_required: bool
-    response: str | None  # the 200 body's schema, None: an empty body
-    rest_only: tuple[str, ...]  # response properties that only REST has, filled from the path field of that name
-    health: str | None  # the response's boolean whose `false` answers with the not-ready status
-    # The body lists every field, defaults included, as Triton writes it (x-oip-print-defaults): perf_analyzer
-    # reads `inference_stats.queue.count` and `model_transaction_policy.decoupled` without checking they exist.
-    print_defaults: bool
-
-
-ENDPOINTS: Final[tuple[Endpoint, ...]] = (
-{% for op in plan.operations %}
-{% for ep in op.rest %}
-    Endpoint(
-        operation={{ op.name | pyrepr }},
-        method={{ ep.method | pyrepr }},
-        path={{ ep.path | pyrepr }},
-        params=({% for p in ep.params %}({{ p.name | pyrepr }}, {{ p.field | pyrepr }}),{{ " " if not loop.last }}{% endfor %}),
-        request=pb_{{ op.request }},
-        body={{ ep.body | pyrepr }},
-        body_required={{ ep.body_required | pyrepr }},
-        response={{ ep.response | pyrepr }},
-{% if ep.response %}
-        rest_only=({% for p in api.schema(ep.response).properties if p.field is none %}{{ p.name | pyrepr }},{{ " " if not loop.last }}{% endfor %}),
-{% else %}
-        rest_only=(),
-{% endif %}
-        health={{ ep.health | pyrepr }},
-        print_defaults={{ (ep.response is not none and api.schema(ep.response).raw.get("x-oip-print-defaults", false)) | pyrepr }},
-    ),
-{% endfor %}
-{% endfor %}
-)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -430,7 +383,7 @@ async def raw_binary_request(
     that one element; otherwise at most one dimension may vary, and the body's size fixes it.
     """
     meta = await dataplane.model_metadata(
-        pb_{{ plan.operation("model_metadata").request }}(name=model_name, version=model_version)
+        MODEL_METADATA_REQUEST(name=model_name, version=model_version)
     )
     if len(meta.inputs) != 1:
         raise InvalidRequest(
@@ -464,7 +417,9 @@ async def raw_binary_request(
     if variable:
         dims[variable[0]] = count // known
     if count > settings.max_tensor_elements:
-        raise TooLarge(f"input '{spec.name}' has {count} elements, more than the {settings.max_tensor_elements} allowed")
+        raise TooLarge(
+            f"input '{spec.name}' has {count} elements, more than the {settings.max_tensor_elements} allowed"
+        )
     array = codec.from_raw(raw, spec.datatype, dims, name=spec.name)
     return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, spec.datatype, dims, array)])
 
