@@ -46,8 +46,9 @@ bench-build: $(STAMP)
 bench-client: $(STAMP)
 	$(BIN)/python bench/client_speed.py $(BENCH_CLIENT_ARGS)
 
-## bench: ours against MLServer 1.7.1 and KServe 0.21.0 (set up under bench/.cache by bench/setup.sh) and perf_analyzer,
-##   same load, pinned CPUs; writes bench/results/results.{md,json} and bench.png (BENCH_ARGS=--quick: a smoke run)
+## bench: ours against Triton 2.51, MLServer 1.7.1 and KServe 0.21.0 (set up under bench/.cache by bench/setup.sh),
+##   with bench/loadgen.py and perf_analyzer, same load and logging, pinned CPUs; ratios against Triton first;
+##   writes bench/results/results.{md,json} and bench.png (BENCH_ARGS=--quick: a smoke run)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 

@@ -369,6 +369,7 @@ async def run_load(
         latencies: list[float] = []
         errors: list[str] = []
         sent = [0]
+        completed = [1]  # every answered request, warm-up included (the first, checked one too)
         marks: dict[str, Any] = {}
 
         def mark_window() -> None:
@@ -394,6 +395,7 @@ async def run_load(
                     errors.append(f"{type(exc).__name__}: {exc}")
                     await asyncio.sleep(0.01)
                     continue
+                completed[0] += 1
                 t1 = time.perf_counter()
                 if window_start <= t0 and t1 <= window_end:
                     latencies.append(t1 - t0)
@@ -409,8 +411,10 @@ async def run_load(
         count = len(latencies)
         window = min(end, window_end) - window_start
         lat = np.sort(np.asarray(latencies)) * 1000.0 if latencies else np.asarray([np.nan])
+        client_cpu_s = (client.ru_utime + client.ru_stime) - (marks["client"].ru_utime + marks["client"].ru_stime)
         result.update(
             requests=count,
+            completed=completed[0],
             errors=len(errors),
             error_sample=errors[:3],
             window_s=window,
@@ -421,7 +425,8 @@ async def run_load(
             max_ms=float(np.max(lat)),
             response_bytes=response_bytes,
             cpu0_busy=(busy1 - busy0) / (total1 - total0) if total1 > total0 else None,
-            client_cpu_s=(client.ru_utime + client.ru_stime) - (marks["client"].ru_utime + marks["client"].ru_stime),
+            client_cpu_s=client_cpu_s,
+            client_cpu_us_per_infer=client_cpu_s / count * 1e6 if count else None,
         )
         if server_pid is not None:
             cpu = cpu_seconds(server_pid) - marks["cpu"]

@@ -4,18 +4,35 @@ Every real perf-analyzer wheel is built for glibc 2.38 and this machine has 2.36
 2.60.0 wheel and Debian 13's C/C++ runtime into the cache folder (never installed system-wide), and the binary is
 started through that runtime's ld-linux. perf_analyzer needs the server's model configuration and statistics
 extensions (`GET /v2/models/{m}/config`, `.../stats`, and their gRPC RPCs): `config_ok` checks the first.
+
+perf_analyzer's own cost is measured with each run (its CPU time and peak memory, from wait4), because for large
+tensors it, not the server, sets the pace: perf_analyzer 2.60 keeps a copy of every request's input tensors and
+every response's output tensors for its profile export (InferContext::GetInputs / GetOutputs in
+src/infer_context.cc, called for each request in sync mode, outside the latency it times). For a 4 MB identity that
+is 8 MB of freshly faulted memory per request (about 12 ms of its CPU here, and gigabytes of RSS per run), so its
+infer/s on those rows measures perf_analyzer. bench/run.py divides this CPU by the count of inferences the server's
+statistics extension reports for the run, and marks the row client-bound.
 """
 
 from __future__ import annotations
 
 import csv
 import http.client
+import os
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 LIB = "debian13/usr/lib/x86_64-linux-gnu"
+
+# Workloads perf_analyzer cannot send, and why (bench/run.py reports the reason instead of running it).
+NOT_APPLICABLE = {
+    "identity_rest_json": "perf_analyzer 2.60 writes a single JSON value for an FP32 [-1] input given `--shape` "
+    '(on the wire: `"shape":[1000000],"data":[1.85e31]`), which Triton and oipgen both refuse (400)',
+}
 
 # How perf_analyzer sends each workload (see shared/research/bench-baselines.md for the arguments).
 ARGS: dict[str, list[str]] = {
@@ -99,14 +116,23 @@ def run(
             "-f",
             str(out),
         ]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
+        console = Path(tmp) / "console.txt"
+        with console.open("w") as sink:
+            began = time.monotonic()
+            process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        returncode, usage = _wait(process, timeout)
+        if returncode is None:
             return {**result, "error": f"perf_analyzer did not finish within {timeout:.0f} s"}
-        if done.returncode != 0 or not out.exists():
-            lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        result.update(
+            wall_s=time.monotonic() - began,
+            client_cpu_s=usage.ru_utime + usage.ru_stime,
+            client_sys_s=usage.ru_stime,
+            client_maxrss_mib=usage.ru_maxrss / 1024,
+        )
+        if returncode != 0 or not out.exists():
+            lines = [line for line in console.read_text(errors="replace").splitlines() if line.strip()]
             errors = [line for line in lines if "rror" in line] or lines[-3:]
-            return {**result, "error": f"exit {done.returncode}: " + " | ".join(errors[:3])[:500]}
+            return {**result, "error": f"exit {returncode}: " + " | ".join(errors[:3])[:500]}
         rows = list(csv.DictReader(out.open()))
     if not rows:
         return {**result, "error": "perf_analyzer wrote no result"}
@@ -120,3 +146,19 @@ def run(
     except (KeyError, ValueError) as exc:
         return {**result, "error": f"unexpected perf_analyzer CSV ({exc}): columns {sorted(row)}"}
     return {**result, **figures}
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float) -> tuple[int | None, os.struct_rusage]:
+    """Wait (bounded) for `process`; its exit code (None: killed at the timeout) and its own resource usage."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage
+        if time.monotonic() > deadline:
+            process.send_signal(signal.SIGKILL)
+            _, status, usage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return None, usage
+        time.sleep(0.05)

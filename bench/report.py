@@ -1,4 +1,5 @@
-"""The report of a `make bench` run: medians, our ratios, the targets (markdown) and the chart (PNG)."""
+"""The report of a `make bench` run: ratios against Triton, medians, memory, perf_analyzer, the targets (markdown)
+and the chart (PNG)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from servers import LABELS
+from servers import LABELS, REFERENCE
 
 OURS = "oipgen"
+# A load generator that spends more CPU per inference than the server (each on its own core) sets the pace.
+CLIENT_BOUND = 1.0
 METRICS = (
     "infer_per_s",
     "p50_ms",
@@ -18,6 +21,10 @@ METRICS = (
     "idle_rss_mib",
     "cpu0_busy",
     "mean_ms",
+    "client_cpu_us_per_infer",
+    "client_maxrss_mib",
+    "log_bytes_per_request",
+    "idle_pss_mib",
 )
 TITLES = {
     "simple_rest_c1": "simple REST JSON c=1",
@@ -55,7 +62,7 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
             "errors": sorted({str(r["error"]) for r in records if "error" in r}),
             "request_errors": sum(int(r.get("errors", 0)) for r in good),
         }
-        for metric in (*METRICS, "startup_s", "ready_rss_mib", "requests", "payload_bytes"):
+        for metric in (*METRICS, "startup_s", "ready_rss_mib", "requests", "payload_bytes", "server_count"):
             values = [r[metric] for r in good if r.get(metric) is not None]
             if values:
                 entry[metric] = _median(values)
@@ -109,7 +116,7 @@ def _ratio(ours: float | None, peer: float | None) -> str:
 
 
 def targets(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    """(target, what was measured, met?) for the targets of issue 5 (None: not measurable in this run)."""
+    """(target, what was measured, met?) for the benchmark's targets (None: not measurable in this run)."""
     out: list[tuple[str, str, bool | None]] = []
 
     def rate(server: str, scenario: str) -> float | None:
@@ -175,35 +182,232 @@ def targets(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str
     )
     startup = get(summary, OURS, "startup", "startup_s", tool="harness")
     check("start-up under 1 s", startup, 1.0, f"{startup:.2f} s" if startup else "-", higher=False)
+    ours, tr = rate(OURS, "simple_grpc_c8"), rate(REFERENCE, "simple_grpc_c8")
+    check("simple gRPC c=8: >= Triton's infer/s", ours, tr,
+          f"{_num(ours)} vs {_num(tr)} infer/s = {_ratio(ours, tr)}")  # fmt: skip
+    idle = get(summary, OURS, "startup", "idle_rss_mib", tool="harness")  # at rest, before any inference
     for scenario in ("identity_rest_binary", "identity_grpc_raw"):
         peak = get(summary, OURS, scenario, "peak_rss_mib")
-        idle = get(summary, OURS, scenario, "idle_rss_mib")
         payload = get(summary, OURS, scenario, "payload_bytes")
         bound = idle + 4 * payload / 2**20 if idle is not None and payload else None
         check(
-            f"{title(scenario, document['meta']['elements']).split(' c=')[0]}: peak memory <= idle + 4x payload",
+            f"{title(scenario, document['meta']['elements']).split(' c=')[0]}: peak memory <= memory at rest "
+            "+ 4x payload",
             peak,
             bound,
-            f"peak {_num(peak)} MiB, idle {_num(idle)} MiB + 4 x {_num(payload and payload / 2**20, 1)} MiB "
+            f"peak {_num(peak)} MiB, at rest {_num(idle)} MiB + 4 x {_num(payload and payload / 2**20, 1)} MiB "
             f"= {_num(bound)} MiB",
             higher=False,
         )
     return out
 
 
+def _versions(meta: dict[str, Any]) -> str:
+    parts = []
+    for name, packages in meta.get("versions", {}).items():
+        listed = ", ".join(f"{k} {v}" for k, v in packages.items())
+        parts.append(f"{LABELS.get(name, name).split()[0]}: {listed or '?'}")
+    return "; ".join(parts)
+
+
+def _against_reference(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """The first table: every server's infer/s and CPU per inference as ratios against the reference (Triton)."""
+    meta = document["meta"]
+    reference = meta.get("reference", REFERENCE)
+    others = [s for s in meta["servers"] if s != reference]
+    if reference not in meta["servers"]:
+        return [f"{LABELS.get(reference, reference)} was not part of this run: no ratios against it.", ""]
+    label = LABELS.get(reference, reference)
+    head = ["scenario", f"{label} infer/s", *(LABELS.get(s, s) for s in others)]
+    lines = [
+        f"## Against {label}",
+        "",
+        f"Each cell: the server's infer/s over {label}'s, then {label}'s server CPU per inference over the "
+        "server's (both higher is better: above 1.00x beats it). Load: bench/loadgen.py.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for scenario in meta["scenarios"]:
+        base = get(summary, reference, scenario, "infer_per_s")
+        row = [title(scenario, meta["elements"]), _num(base, 1)]
+        for server in others:
+            rate = _ratio(get(summary, server, scenario, "infer_per_s"), base)
+            cpu = _ratio(
+                get(summary, reference, scenario, "server_cpu_us_per_infer"),
+                get(summary, server, scenario, "server_cpu_us_per_infer"),
+            )
+            row.append("-" if rate == "-" else f"**{rate}** · {cpu} CPU")
+        lines.append("| " + " | ".join(row) + " |")
+    row = ["memory at rest (PSS)", _num(get(summary, reference, "startup", "idle_pss_mib", "harness")) + " MiB"]
+    for server in others:
+        row.append(
+            _ratio(
+                get(summary, server, "startup", "idle_pss_mib", "harness"),
+                get(summary, reference, "startup", "idle_pss_mib", "harness"),
+            ).replace("x", "x the memory")
+        )
+    lines += ["| " + " | ".join(row) + " |", ""]
+    return lines
+
+
+def _memory(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    meta = document["meta"]
+    large = [s for s in ("identity_grpc_raw", "identity_rest_binary", "identity_rest_json") if s in meta["scenarios"]]
+    peaks = [f"{title(s, meta['elements']).split(' c=')[0]}: peak RSS" for s in large]
+    head = ["server", "at rest: PSS", "at rest: RSS", *peaks]
+    lines = [
+        "## Memory",
+        "",
+        "At rest: the server's whole process tree once ready and settled, before any inference (PSS counts shared "
+        "pages once: the fair figure across processes). Peak: the tree's highest RSS during the scenario's "
+        "warm-up and window (VmHWM after a reset), and in brackets its growth over the RSS at rest.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for server in meta["servers"]:
+        idle = get(summary, server, "startup", "idle_rss_mib", "harness")
+        row = [
+            LABELS.get(server, server),
+            _num(get(summary, server, "startup", "idle_pss_mib", "harness")) + " MiB",
+            _num(idle) + " MiB",
+        ]
+        for scenario in large:
+            peak = get(summary, server, scenario, "peak_rss_mib")
+            row.append("-" if peak is None else f"{_num(peak)} MiB (+{_num(peak - idle if idle else None)})")
+        lines.append("| " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
+def _logging(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    meta = document["meta"]
+    cells, broken = [], []
+    for server in meta["servers"]:
+        measured = [r for r in document["records"] if r["server"] == server and r.get("answered")]
+        answered = sum(r["answered"] for r in measured)
+        per_request = sum(r["log_bytes"] for r in measured) / answered if answered else None
+        cells.append(f"{LABELS.get(server, server)} " + ("-" if per_request is None else f"{per_request:.1f}"))
+        if per_request is not None and per_request >= 10:  # a line per request, not a stray warning
+            broken.append(LABELS.get(server, server))
+    verdict = f"**Not held by {', '.join(broken)}**." if broken else "Held by every server."
+    return [
+        "## Logging",
+        "",
+        f"One policy for every server: {meta.get('logging', '?')}. Measured: the bytes each server wrote to its "
+        f"log during the measurements, per request answered: {', '.join(cells)}. {verdict}",
+        "",
+    ]
+
+
+def _counts(document: dict[str, Any]) -> list[str]:
+    """The load generators' counts against the inferences the servers' statistics extension reports."""
+    checked = [r for r in document["records"] if "server_count" in r and r.get("tool") == "loadgen"]
+    wrong = [r for r in checked if r["server_count"] != r.get("completed")]
+    lines = [
+        "## Counts checked by the servers",
+        "",
+        f"Where a server has the statistics extension, every measurement compares the inferences the server says it "
+        f"completed with the load generator's count. bench/loadgen.py: {len(checked) - len(wrong)} of {len(checked)} "
+        "measurements agree exactly.",
+    ]
+    for r in wrong:
+        lines.append(
+            f"- {LABELS.get(r['server'], r['server'])} {r['scenario']} (repeat {r['repeat']}): loadgen completed "
+            f"{r.get('completed')}, the server counted {r['server_count']}"
+        )
+    return [*lines, ""]
+
+
+def _bound(entry: dict[str, Any]) -> str:
+    """A client-bound mark when the tool spent at least CLIENT_BOUND times the server's CPU per inference."""
+    client, server = entry.get("client_cpu_us_per_infer"), entry.get("server_cpu_us_per_infer")
+    if client is None or not server or client < CLIENT_BOUND * server:
+        return ""
+    return f" (**client-bound**: its CPU per inference is {client / server:.1f}x the server's)"
+
+
+def _perf_analyzer(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    meta = document["meta"]
+    rows = []
+    for server in meta["servers"]:
+        skipped = summary.get(f"{server}|*|perf_analyzer")
+        if skipped is not None:
+            rows.append(f"| {LABELS.get(server, server)} | all | not run: {'; '.join(skipped['errors'])} | | | |")
+            continue
+        for scenario in meta["scenarios"]:
+            entry = summary.get(f"{server}|{scenario}|perf_analyzer")
+            if entry is None:
+                continue
+            reasons = sorted({str(r["not_applicable"]) for r in document["records"] if r["server"] == server
+                              and r["scenario"] == scenario and "not_applicable" in r})  # fmt: skip
+            own = "-"
+            if reasons:
+                cell = "not applicable: " + "; ".join(reasons)
+            elif entry["ok"]:
+                cell = (
+                    f"{_num(entry.get('infer_per_s'), 1)} · {_ms(entry.get('p50_ms'))} / "
+                    f"{_ms(entry.get('p99_ms'))} ms"
+                )
+                cpu = entry.get("client_cpu_us_per_infer")
+                if cpu is not None:
+                    own = (
+                        f"{_num(cpu)} us · {_num(entry.get('client_maxrss_mib'))} MiB · "
+                        f"{_num(entry.get('server_count'))} counted by the server"
+                    )
+                cell += _bound(entry)
+            else:
+                cell = "fails: " + "; ".join(entry["errors"])[:200].replace("|", "/")
+            ours = summary.get(f"{server}|{scenario}|loadgen") or {}
+            lg = (
+                f"{_num(ours.get('infer_per_s'), 1)} · {_ms(ours.get('p50_ms'))} / {_ms(ours.get('p99_ms'))} ms"
+                if ours.get("ok")
+                else "-"
+            )
+            lg += _bound(ours) if ours.get("ok") else ""
+            label = f"{LABELS.get(server, server)} | {title(scenario, meta['elements'])}"
+            rows.append(f"| {label} | {cell} | {own} | {lg} |")
+    if not rows:
+        return ["## perf_analyzer", "", "perf_analyzer was not run (--no-pa).", ""]
+    return [
+        "## perf_analyzer",
+        "",
+        "perf_analyzer (sync mode, the server's statistics read around each window) beside bench/loadgen.py on the "
+        "same server in the same run. Its own cost per inference is its CPU time (wait4) over the inferences the "
+        "server's statistics extension counted during the run; its peak memory is its maximum RSS. A tool that "
+        "spends more CPU per inference than the server (each has its own core) is **client-bound**: that row "
+        "measures the tool. "
+        "perf_analyzer 2.60 copies every request's inputs and every response's outputs into records it keeps for "
+        "its profile export (src/infer_context.cc, GetInputs / GetOutputs), so on large tensors it is client-bound.",
+        "",
+        "| server | scenario | perf_analyzer `infer/s · p50 / p99` | perf_analyzer's own CPU per inference · peak "
+        "memory · server's count | loadgen, same run |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
     meta = document["meta"]
     names = meta["servers"]
     peers = [s for s in names if s != OURS]
+    git = meta.get("git", {})
     lines = [
         "# oipgen benchmark",
         "",
-        f"{meta['date']} on {meta['host']} ({meta['cpus']} CPUs, Python {meta['python']}); "
+        f"{meta['date']} on {meta['host']} ({meta['cpus']} CPUs, Python {meta['python']}), commit "
+        f"`{(git.get('sha') or '?')[:12]}`{' (with uncommitted changes)' if git.get('dirty') else ''}; "
         f"load average {meta['load_average_before']} before, {meta['load_average_after']} after. "
         f"Servers on CPU {meta['server_cpu']}, load on CPU {meta['client_cpu']}; {meta['repeats']} repeat(s) of "
         f"{meta['duration_s']:g} s windows after {meta['warmup_s']:g} s of warm-up (identity REST JSON: twice the "
         f"window), identity tensors of {meta['elements']:,} FP32 elements. Took {meta['elapsed_s'] / 60:.1f} min."
         + (" **Quick smoke run: not figures to quote.**" if meta.get("quick") else ""),
+        "",
+        f"Versions: {_versions(meta)}.",
+        "",
+        *_against_reference(document, summary),
+        "## Every server",
         "",
         "Cells: `infer/s · p50 / p99 latency · server CPU per inference · peak server memory` (medians; same "
         "client, bench/loadgen.py, for every server). Ratios: our infer/s over the peer's (higher is better) and "
@@ -241,45 +445,8 @@ def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
         )
         row.append(f"{theirs / ours:.2f}x faster" if ours and theirs else "-")
     lines += ["| " + " | ".join(row) + " |", ""]
-
-    lines += ["## perf_analyzer", ""]
-    pa_rows = []
-    for server in names:
-        skipped = summary.get(f"{server}|*|perf_analyzer")
-        if skipped is not None:
-            pa_rows.append(f"| {LABELS.get(server, server)} | all | not run: {'; '.join(skipped['errors'])} | |")
-            continue
-        for scenario in meta["scenarios"]:
-            entry = summary.get(f"{server}|{scenario}|perf_analyzer")
-            if entry is None:
-                continue
-            if entry["ok"]:
-                pa_cell = (
-                    f"{_num(entry.get('infer_per_s'), 1)} · {_ms(entry.get('p50_ms'))} / {_ms(entry.get('p99_ms'))} ms"
-                )
-            else:
-                pa_cell = "fails: " + "; ".join(entry["errors"])[:200].replace("|", "/")
-            pa_rows.append(
-                f"| {LABELS.get(server, server)} | {title(scenario, meta['elements'])} | {pa_cell} | "
-                f"{_cell(summary, server, scenario).split(' · ')[0]} · "
-                f"{_ms(get(summary, server, scenario, 'p50_ms'))} / "
-                f"{_ms(get(summary, server, scenario, 'p99_ms'))} ms |"
-            )
-    if any("data has 1" in row for row in pa_rows):
-        pa_rows.append(
-            "| | | perf_analyzer 2.60 writes a single JSON value for an FP32 [-1] input given `--shape` (on the "
-            'wire: `"shape":[4],"data":[1.8521564417127638e31]`), which this server, like Triton, refuses (400) | |'
-        )
-    if pa_rows:
-        lines += [
-            "| server | scenario | perf_analyzer `infer/s · p50 / p99` | loadgen, same run |",
-            "|---|---|---|---|",
-            *pa_rows,
-            "",
-        ]
-    else:
-        lines += ["perf_analyzer was not run (--no-pa).", ""]
-
+    lines += _memory(document, summary) + _logging(document, summary) + _counts(document)
+    lines += _perf_analyzer(document, summary)
     floor = document.get("floor", {})
     if "parse_ms" in floor:
         lines += [
@@ -349,10 +516,19 @@ def chart(document: dict[str, Any], summary: dict[str, Any], path: Path) -> Path
             ax.text(i, value, f"{value:.2f}", ha="center", va="bottom", fontsize=7)
     ax.set_title("start-up to ready (s)", fontsize=8)
     ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
-    for row in range(1, len(rows)):
+    ax = axes[1][-1]
+    for i, server in enumerate(names):
+        value = get(summary, server, "startup", "idle_pss_mib", "harness")
+        if value is not None:
+            ax.bar(i, value, color=colors[i % len(colors)])
+            ax.text(i, value, f"{value:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_title("memory at rest, PSS (MiB)", fontsize=8)
+    ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
+    for row in range(2, len(rows)):
         axes[row][-1].axis("off")
     fig.suptitle(
         f"oipgen vs {', '.join(LABELS.get(n, n) for n in names if n != OURS)} - {meta['date']}, "
+        f"commit {(meta.get('git', {}).get('sha') or '?')[:10]}, "
         f"load average {meta['load_average_before'][0]:.2f}" + (" (quick run)" if meta.get("quick") else ""),
         fontsize=10,
     )

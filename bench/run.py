@@ -1,13 +1,17 @@
-"""`make bench`: oipgen against MLServer and KServe, on the same load, in one run.
+"""`make bench`: oipgen against Triton, MLServer and KServe, on the same load, in one run.
 
 Each server serves `simple` (INT32 [1,16] x2 -> sum, difference) and `identity_fp32` (FP32 [-1]) single-process
 on CPU 0; the load generator (bench/loadgen.py) runs on CPU 1, as does perf_analyzer where the server has what it
-needs. Per repeat, every server is started (start-up time to ready), measured on every scenario, and stopped;
-the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures are
-medians over the repeats. Outputs (in --out, default bench/results): results.json (every raw measurement),
-results.md (the table, our ratios, the targets), bench.png (throughput and latency per scenario).
+needs (Triton's model configuration and statistics extensions: Triton and oipgen). Per repeat, every server is
+started (start-up time to ready, then its memory at rest before any inference), measured on every scenario, and
+stopped; the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures
+are medians over the repeats. With every measurement go the load average, the bytes the server logged, and, where
+the server has the statistics extension, the inferences it says it completed (a check on the load generators'
+counts); with the run, the git commit and the versions of every server and load generator. Outputs (in --out,
+default bench/results): results.json (every raw measurement), results.md (ratios against Triton first, then the
+full table, memory, perf_analyzer, the targets), bench.png (throughput, latency and CPU per scenario).
 
-    python bench/run.py [--quick] [--servers oipgen,mlserver,kserve] [--repeats 3] [--duration 10]
+    python bench/run.py [--quick] [--servers oipgen,triton,mlserver,kserve] [--repeats 3] [--duration 10]
                         [--scenarios simple_rest_c1,...] [--no-pa] [--no-setup] [--out DIR]
 
 --quick is a smoke run (1 repeat, 1 s windows, 100k-element identity). Everything is bounded: each measurement
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -26,12 +31,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loadgen as loadgen_mod
 import pa
 import servers
 from servers import BENCH, CLIENT_CPU, SERVER_CPU
@@ -65,7 +72,7 @@ def load_average() -> list[float]:
 
 def loadgen(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement by bench/loadgen.py in its own process on the client CPU."""
-    return servers.run_loadgen(
+    return {"tool": "loadgen", **servers.run_loadgen(
         server,
         scenario.workload,
         concurrency=scenario.concurrency,
@@ -73,7 +80,29 @@ def loadgen(server: servers.Running, scenario: Scenario, args: argparse.Namespac
         warmup=args.warmup,
         elements=args.elements,
         request_timeout=args.request_timeout,
-    )
+    )}
+
+
+def observed(server: servers.Running, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run `measure()` and add what the server shows of it: the load average at the start, the bytes it logged,
+    the inferences its statistics extension counted, and its CPU over the whole measurement."""
+    load, logged, count = load_average(), servers.log_bytes(server), servers.inference_count(server)
+    cpu = loadgen_mod.cpu_seconds(server.pid)
+    result = dict(measure())
+    cpu = loadgen_mod.cpu_seconds(server.pid) - cpu
+    after = servers.inference_count(server)
+    result.update(load_average=load, log_bytes=servers.log_bytes(server) - logged)
+    if count is not None and after is not None:
+        result["server_count"] = after - count
+    answered = result.get("server_count") or result.get("completed")
+    if answered:
+        result["answered"] = answered
+        result["log_bytes_per_request"] = result["log_bytes"] / answered
+        if result.get("tool") == "perf_analyzer":
+            result["server_cpu_us_per_infer"] = cpu / answered * 1e6
+            if result.get("client_cpu_s") is not None:
+                result["client_cpu_us_per_infer"] = result["client_cpu_s"] / answered * 1e6
+    return result
 
 
 def run_pa(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,12 +152,19 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                         "tool": "harness",
                         "startup_s": server.startup_s,
                         "ready_rss_mib": server.ready_rss_mib,
+                        "idle_rss_mib": server.idle_rss_mib,
+                        "idle_pss_mib": server.idle_pss_mib,
+                        "server_metadata": server.metadata,
+                        "log_bytes": servers.log_bytes(server),
                     }
                 )
-                log(f"[{repeat}] {name}: ready in {server.startup_s:.2f} s, {server.ready_rss_mib:.0f} MiB")
+                log(
+                    f"[{repeat}] {name}: ready in {server.startup_s:.2f} s; at rest {server.idle_pss_mib:.0f} MiB PSS,"
+                    f" {server.idle_rss_mib:.0f} MiB RSS"
+                )
                 for scenario in scenarios:
-                    result = loadgen(server, scenario, args)
-                    records.append({**base, "scenario": scenario.name, "tool": "loadgen", **result})
+                    result = observed(server, functools.partial(loadgen, server, scenario, args))
+                    records.append({**base, "scenario": scenario.name, **result})
                     log(f"[{repeat}] {name} {scenario.name}: {_short(result)}")
                 if args.pa:
                     if not pa.config_ok(server.rest):
@@ -144,7 +180,11 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                         log(f"[{repeat}] {name}: perf_analyzer skipped (no model configuration extension)")
                     else:
                         for scenario in scenarios:
-                            result = run_pa(server, scenario, args)
+                            reason = pa.NOT_APPLICABLE.get(scenario.workload)
+                            if reason:
+                                result = {"tool": "perf_analyzer", "not_applicable": reason}
+                            else:
+                                result = observed(server, functools.partial(run_pa, server, scenario, args))
                             records.append({**base, "scenario": scenario.name, **result})
                             log(f"[{repeat}] {name} {scenario.name} perf_analyzer: {_short(result)}")
             finally:
@@ -155,12 +195,38 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
 def _short(result: dict[str, Any]) -> str:
     if "error" in result:
         return "ERROR " + str(result["error"])[:200]
-    cpu = result.get("server_cpu_us_per_infer")
+    if "not_applicable" in result:
+        return "not applicable"
+    cpu, client = result.get("server_cpu_us_per_infer"), result.get("client_cpu_us_per_infer")
     return (
         f"{result['infer_per_s']:.1f} infer/s, p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms"
         + (f", {cpu:.0f} us CPU/infer" if cpu else "")
+        + (f", client {client:.0f} us CPU/infer" if client is not None else "")
+        + (f", server counted {result['server_count']}" if "server_count" in result else "")
         + (f", {result['errors']} errors" if result.get("errors") else "")
     )
+
+
+def git_commit() -> dict[str, Any]:
+    """The commit the run measured, and whether the work tree differed from it."""
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", "-C", str(BENCH.parent), *argv], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"sha": git("rev-parse", "HEAD") or None, "dirty": dirty}
+
+
+def tool_versions(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """Versions of every server's and load generator's packages, and of perf_analyzer (its wheel's version: the
+    binary itself says 0.0.0)."""
+    out = {name: servers.versions(name, args.cache) for name in (*args.servers, "loadgen")}
+    out["loadgen"]["python"] = platform.python_version()
+    wheels = sorted((args.cache / "perf_analyzer" / "wheel").glob("perf_analyzer-*.whl"))
+    if args.pa and wheels:
+        out["perf_analyzer"] = {"perf-analyzer": wheels[-1].name.split("-")[1]}
+    return out
 
 
 def floor(args: argparse.Namespace) -> dict[str, Any]:
@@ -271,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "git": git_commit(),
+        "versions": tool_versions(args),
+        "logging": servers.LOGGING,
+        "reference": servers.REFERENCE,
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

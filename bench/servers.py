@@ -1,11 +1,23 @@
 """The servers under test, started the same way: single process, pinned to CPU 0, loopback, free ports.
 
 - oipgen: `python -m oip serve` over examples/models (the generated package in generated/, the project's .venv).
+- triton: the `tritonserver` 2.51 binary and Python backend from the nvidia-pytriton wheel (no container, no GPU)
+  over bench/servers/triton_repo; its Python-backend stubs are child processes, pinned with it.
 - mlserver: MLServer 1.7.1 over bench/servers/mlserver_repo, `parallel_workers=0` (inference in the server
   process; its default, 1, halves its throughput and needs a second process).
 - kserve: KServe 0.21.0, bench/servers/kserve_server.py, its defaults otherwise.
-The peers come from bench/setup.sh's virtual environments. Each server runs in its own session (process group),
-so that stopping it stops exactly the processes it started; `stop` sends SIGTERM to that group, then SIGKILL.
+The peers come from bench/setup.sh's cache folder. Each server runs in its own session (process group), so that
+stopping it stops exactly the processes it started; `stop` sends SIGTERM to that group, then SIGKILL.
+
+Logging, the same policy for every server (LOGGING): start-up, warnings and errors are logged; nothing is
+logged per request (no access log, no per-request latency line). That is Triton's and oipgen's default; MLServer
+gets it from `debug: false` (settings.json) and KServe from `--enable_latency_logging false` and
+servers/kserve_logging.json (no access log; its `kserve` logger at WARNING, since it logs every gRPC call at INFO).
+bench/run.py measures the bytes each server logs per request to hold this.
+
+Memory at rest (`idle`): once a server is ready, before any inference, the harness waits IDLE_SETTLE_S and reads
+the resident (RSS) and proportional (PSS: shared pages split between the processes that map them) memory of its
+whole process tree. PSS is the figure compared across servers: Triton's stubs share libraries with each other.
 """
 
 from __future__ import annotations
@@ -18,20 +30,33 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen import rss_kib
+from loadgen import _tree, rss_kib
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 MODELS = ("simple", "identity_fp32")
-SERVERS = ("oipgen", "mlserver", "kserve")
-LABELS = {"oipgen": "oipgen", "mlserver": "MLServer 1.7.1", "kserve": "KServe 0.21.0"}
+SERVERS = ("oipgen", "triton", "mlserver", "kserve")
+REFERENCE = "triton"  # the report's first table is every server's ratios against this one
+LABELS = {"oipgen": "oipgen", "triton": "Triton 2.51", "mlserver": "MLServer 1.7.1", "kserve": "KServe 0.21.0"}
+LOGGING = "start-up, warnings and errors; nothing per request (no access log, no per-request latency line)"
 OIPGEN_MODELS = ROOT / "examples" / "models"  # what our server serves
+TRITON_MODELS = BENCH / "servers" / "triton_repo"
+IDLE_SETTLE_S = 1.0
+# The Python packages whose versions are recorded with each run, per environment.
+PACKAGES = {
+    "oipgen": ("oipgen", "fastapi", "uvicorn", "grpcio", "protobuf", "orjson", "numpy", "uvloop"),
+    "triton": ("nvidia-pytriton", "numpy"),
+    "mlserver": ("mlserver", "fastapi", "uvicorn", "grpcio", "uvloop", "numpy"),
+    "kserve": ("kserve", "fastapi", "uvicorn", "grpcio", "orjson", "numpy"),
+    "loadgen": ("aiohttp", "grpcio", "tritonclient", "uvloop", "numpy", "orjson"),
+}
 SERVER_CPU = "0"
 CLIENT_CPU = "1"
 
@@ -44,7 +69,10 @@ class Running:
     grpc_port: int
     log: Path
     startup_s: float = 0.0
-    ready_rss_mib: float = 0.0
+    ready_rss_mib: float = 0.0  # the tree's RSS when the REST endpoint first says ready
+    idle_rss_mib: float = 0.0  # RSS and PSS of the tree IDLE_SETTLE_S later, before any inference
+    idle_pss_mib: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)  # the server's own GET /v2 answer
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -72,8 +100,22 @@ def missing(name: str, cache: Path) -> str | None:
         return (
             None if (ROOT / "generated" / "oip" / "server").is_dir() else "generated/oip/server is missing (make build)"
         )
-    venv = cache / f"venv-{name}"
-    return None if (venv / ".installed").exists() else f"{venv} is not set up (bash bench/setup.sh)"
+    stamp = cache / ("triton" if name == "triton" else f"venv-{name}") / ".installed"
+    return None if stamp.exists() else f"{stamp.parent} is not set up (bash bench/setup.sh)"
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size of the process tree of `pid` (/proc/<pid>/smaps_rollup), KiB."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
+        except OSError:
+            continue
+    return total
 
 
 def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[list[str], dict[str, str]]:
@@ -95,7 +137,24 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
             "--grpc-port",
             str(grpc_port),
             "--log-level",
-            "warning",
+            "info",  # the default: start-up and errors, no access log
+        ]
+    elif name == "triton":
+        site = next((cache / "venv-triton" / "lib").glob("python3*/site-packages"))
+        # The Python-backend stub finds numpy in this environment's `python` (first on PATH, as PyTriton does) and
+        # links libpython: the interpreter's own, not the system's (a different patch release).
+        env["PATH"] = f"{cache / 'venv-triton' / 'bin'}:{env.get('PATH', '')}"
+        env["LD_LIBRARY_PATH"] = f"{site / 'nvidia_pytriton.libs'}:{sysconfig.get_config_var('LIBDIR')}"
+        argv = [
+            str(cache / "triton" / "tritonserver"),
+            f"--model-repository={TRITON_MODELS}",
+            f"--backend-directory={cache / 'triton' / 'backends'}",
+            "--http-address=127.0.0.1",
+            f"--http-port={http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={grpc_port}",
+            "--allow-metrics=false",
+            "--log-verbose=0",  # the default: start-up and errors, nothing per request
         ]
     elif name == "mlserver":
         env.update(
@@ -114,6 +173,10 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
             str(http_port),
             "--grpc_port",
             str(grpc_port),
+            "--enable_latency_logging",
+            "false",
+            "--log_config_file",
+            str(BENCH / "servers" / "kserve_logging.json"),
         ]
     else:
         raise ValueError(f"unknown server {name!r}")
@@ -121,16 +184,67 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
 
 
 def _get(port: int, path: str) -> int:
+    return _fetch(port, path)[0]
+
+
+def _fetch(port: int, path: str) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
         connection.request("GET", path)
         response = connection.getresponse()
-        response.read()
-        return response.status
+        return response.status, response.read()
     except OSError:
-        return 0
+        return 0, b""
     finally:
         connection.close()
+
+
+def get_json(address: str, path: str) -> dict[str, Any] | None:
+    """GET http://{address}{path} as JSON (None: not a 200 JSON object)."""
+    status, body = _fetch(int(address.rsplit(":", 1)[1]), path)
+    try:
+        answer = json.loads(body) if status == 200 else None
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def inference_count(running: Running, models: tuple[str, ...] = MODELS) -> int | None:
+    """Inferences the server says it completed, from its statistics extension (Triton's GET
+    /v2/models/{m}/stats: ours and Triton have it); None where the server has no such extension."""
+    total = 0
+    for model in models:
+        answer = get_json(running.rest, f"/v2/models/{model}/stats")
+        if answer is None:
+            return None
+        total += sum(int(entry.get("inference_count", 0)) for entry in answer.get("model_stats", []))
+    return total
+
+
+def log_bytes(running: Running) -> int:
+    try:
+        return running.log.stat().st_size
+    except OSError:
+        return 0
+
+
+def versions(name: str, cache: Path) -> dict[str, str]:
+    """Installed versions of PACKAGES[name] in the environment that runs `name` (the project's .venv for oipgen
+    and the load generator)."""
+    python = sys.executable if name in ("oipgen", "loadgen") else str(cache / f"venv-{name}" / "bin" / "python")
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {}\n"
+        "for p in sys.argv[1:]:\n"
+        "    try: out[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
+    try:
+        done = subprocess.run([python, "-c", code, *PACKAGES[name]], capture_output=True, text=True, timeout=60)
+        return dict(json.loads(done.stdout)) if done.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
 
 
 def _grpc_ready(target: str, deadline: float) -> bool:
@@ -187,6 +301,10 @@ def start(name: str, cache: Path, workdir: Path, timeout: float = 90.0) -> Runni
         server.ready_rss_mib = rss_kib(process.pid) / 1024
         if not _grpc_ready(server.grpc, deadline):
             raise RuntimeError(f"{name}: gRPC was not ready within {timeout:.0f} s; see {log}")
+        server.metadata = get_json(server.rest, "/v2") or {}
+        time.sleep(IDLE_SETTLE_S)  # memory at rest: ready, settled, no inference yet
+        server.idle_rss_mib = rss_kib(process.pid) / 1024
+        server.idle_pss_mib = pss_kib(process.pid) / 1024
     except BaseException:
         stop(server)
         raise

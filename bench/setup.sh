@@ -4,12 +4,16 @@
 # installed system-wide.
 #   venv-mlserver/   MLServer 1.7.1 (uvloop 0.21.0: 0.23 crashes its default parallel-workers mode)
 #   venv-kserve/     KServe 0.21.0
-#   venv-tools/      py-spy (profiling); nvidia-pytriton 0.7.0 when BENCH_TRITON=1 (optional, about 1 GB)
+#   venv-triton/     nvidia-pytriton 0.7.0: only for the `tritonserver` 2.51 binary and Python backend it ships
+#                    (about 370 MB; the models in bench/servers/triton_repo run in its Python-backend stub)
+#   venv-tools/      py-spy (profiling)
+#   triton/          tritonserver's backends folder as PyTriton lays it out: the wheel's Python backend plus the
+#                    Python-backend stub built for this interpreter's minor version (bench/servers.py starts it)
 #   perf_analyzer/   the perf-analyzer 2.60.0 wheel, unpacked (its binary needs glibc 2.38: see debian13/)
 #   debian13/        Debian 13's libc6, libstdc++6, libgcc-s1, libssl3t64, zlib1g, unpacked (not installed),
 #                    fetched with a private apt state; perf_analyzer runs through its ld-linux (bench/pa.py)
 # Usage: bash bench/setup.sh [CACHE]      (PYTHON=python3.11 to choose the interpreter of the venvs;
-#        BENCH_SETUP_ONLY=perf_analyzer for perf_analyzer alone)
+#        BENCH_SETUP_ONLY=perf_analyzer or BENCH_SETUP_ONLY=triton for that piece alone: the test suite uses them)
 set -euo pipefail
 
 CACHE="${1:-${BENCH_CACHE:-$(dirname "$0")/.cache}}"
@@ -36,25 +40,36 @@ venv() {  # venv NAME PACKAGE...
     touch "$dir/.installed"
 }
 
-# BENCH_SETUP_ONLY=perf_analyzer sets up perf_analyzer alone (the test suite runs it against our server).
-if [[ "${BENCH_SETUP_ONLY:-}" != perf_analyzer ]]; then
+ONLY="${BENCH_SETUP_ONLY:-}"
+want() { [[ -z "$ONLY" || "$ONLY" == "$1" ]]; }
+
+if want peers; then
     venv mlserver "mlserver==$MLSERVER_VERSION" "uvloop==0.21.0"
     venv kserve "kserve==$KSERVE_VERSION"
     venv tools "py-spy==$PYSPY_VERSION"
 fi
-if [[ "${BENCH_TRITON:-0}" == 1 && ! -f "$CACHE/venv-tools/.pytriton" ]]; then
-    echo "setup: nvidia-pytriton $PYTRITON_VERSION (optional)"
-    if timeout 900 "$CACHE/venv-tools/bin/python" -m pip install "${pip_quiet[@]}" "nvidia-pytriton==$PYTRITON_VERSION"; then
-        touch "$CACHE/venv-tools/.pytriton"
-    else
-        echo "setup: nvidia-pytriton did not install; Triton is left out" >&2
-    fi
+if want triton; then
+    venv triton "nvidia-pytriton==$PYTRITON_VERSION"
+fi
+
+# Triton: the wheel ships one Python-backend stub per Python minor version; the backend expects its stub beside it.
+TRITON="$CACHE/triton"
+if want triton && [[ ! -f "$TRITON/.installed" ]]; then
+    echo "setup: Triton backends folder"
+    dist="$("$CACHE/venv-triton/bin/python" -c 'import pathlib, pytriton; print(pathlib.Path(pytriton.__file__).parent / "tritonserver")')"
+    minor="$("$CACHE/venv-triton/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+    rm -rf "$TRITON" && mkdir -p "$TRITON/backends"
+    cp -r "$dist/backends/python" "$TRITON/backends/python"
+    cp "$dist/python_backend_stubs/$minor/triton_python_backend_stub" "$TRITON/backends/python/"
+    ln -s "$dist/bin/tritonserver" "$TRITON/tritonserver"
+    [[ "$("$TRITON/tritonserver" --help 2>&1 || true)" == *Usage* ]] || { echo "setup: tritonserver does not run" >&2; exit 1; }
+    touch "$TRITON/.installed"
 fi
 
 # perf_analyzer: every real wheel is tagged manylinux_2_38 (pip refuses it on glibc 2.36), so fetch it for that
 # platform and unpack it without installing.
 PA="$CACHE/perf_analyzer"
-if [[ ! -f "$PA/.installed" ]]; then
+if want perf_analyzer && [[ ! -f "$PA/.installed" ]]; then
     echo "setup: perf-analyzer $PA_VERSION wheel"
     rm -rf "$PA" && mkdir -p "$PA/wheel"
     timeout 600 "$PYTHON" -m pip download "${pip_quiet[@]}" --no-deps --only-binary=:all: \
@@ -70,7 +85,7 @@ fi
 # Debian 13's C and C++ runtime, unpacked into a private folder through a private apt state (the system's
 # apt configuration, lists and packages are left alone).
 DEB="$CACHE/debian13"
-if [[ ! -f "$DEB/.installed" ]]; then
+if want perf_analyzer && [[ ! -f "$DEB/.installed" ]]; then
     echo "setup: Debian 13 runtime libraries for perf_analyzer"
     APT="$CACHE/apt"
     rm -rf "$APT" "$DEB"

@@ -1,13 +1,16 @@
-"""The benchmark harness (bench/) in quick mode against our server only, so that it cannot rot.
+"""The benchmark harness (bench/) in quick mode, so that it cannot rot.
 
-No MLServer, KServe or perf_analyzer is installed here: `make bench` does that. What runs: the load generator on
-every workload (responses checked, server CPU and memory read), `bench/run.py --quick` end to end with its
-report and chart, `bench/scale.py`'s checks, and the report's ratios and targets on made-up peer figures.
+What runs: the load generator on every workload against our server (responses checked, server CPU and memory read,
+its count checked against the server's statistics), `bench/run.py --quick` end to end with its report and chart,
+`bench/scale.py`'s checks, the report's ratios against Triton, targets and client-bound marks on made-up figures,
+and Triton itself as `make bench` starts it (bench/setup.sh's Triton step alone: about 1 min and 370 MB the first
+time, cached in bench/.cache; then about 20 s). MLServer and KServe are left to `make bench`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +51,25 @@ def test_loadgen_measures_every_workload(ours: servers.Running, workload: str) -
     assert result["infer_per_s"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"], result
     assert result["server_cpu_us_per_infer"] is not None and result["peak_rss_mib"] > 10, result
     assert ours.startup_s > 0 and ours.ready_rss_mib > 10
+
+
+def test_loadgen_count_is_what_the_server_counted(ours: servers.Running) -> None:
+    """Every request the load generator says completed, the server's statistics extension counted, no more."""
+    before = servers.inference_count(ours)
+    result = loadgen.run("simple_grpc", ours.rest, ours.grpc, concurrency=3, duration=0.3, warmup=0.1, timeout=10)
+    after = servers.inference_count(ours)
+    assert before is not None and after is not None
+    assert result["completed"] >= result["requests"] > 0 and after - before == result["completed"], (result, before)
+
+
+def test_memory_at_rest_is_measured_before_any_inference(ours: servers.Running) -> None:
+    """The idle figures are read at start-up: a fresh server's statistics show no inference at that point, and
+    PSS (shared pages split) is at most RSS."""
+    assert 10 < ours.idle_pss_mib <= ours.idle_rss_mib, ours
+    with servers.running("oipgen", BENCH / ".cache", Path(ours.log).parent / "fresh") as fresh:
+        assert servers.inference_count(fresh) == 0
+        assert 10 < fresh.idle_pss_mib <= fresh.idle_rss_mib
+        assert fresh.metadata.get("name") and fresh.metadata.get("version")
 
 
 def test_loadgen_reports_a_wrong_server(ours: servers.Running) -> None:
@@ -93,8 +115,18 @@ def test_run_quick_writes_the_report(tmp_path: Path) -> None:
     scenarios = {r["scenario"] for r in document["records"] if "error" not in r}
     assert scenarios == {"startup", *(s.name for s in __import__("run").SCENARIOS)}, document["records"]
     assert document["floor"]["floor_ms"] > 0
+    meta = document["meta"]
+    assert len(meta["git"]["sha"]) == 40 and meta["versions"]["oipgen"]["oipgen"] and meta["versions"]["loadgen"]
+    measured = [r for r in document["records"] if r["tool"] == "loadgen"]
+    for record in measured:  # the server's own count, its log and the load average go with every measurement
+        assert record["server_count"] == record["completed"] > 0, record
+        assert record["log_bytes_per_request"] == 0 and len(record["load_average"]) == 3, record
+    startup = next(r for r in document["records"] if r["scenario"] == "startup")
+    assert startup["idle_pss_mib"] > 10 and startup["server_metadata"]["version"], startup
     text = (out / "results.md").read_text()
     assert "| simple gRPC c=8 |" in text and "## Targets" in text and "fails" not in text, text
+    assert f"{len(measured)} of {len(measured)} measurements agree exactly" in text, text
+    assert "Triton 2.51 was not part of this run" in text, text
     assert (out / "bench.png").stat().st_size > 10_000
 
 
@@ -116,8 +148,8 @@ def _record(server: str, scenario: str, rate: float, cpu: float, **extra: float)
 
 
 def test_report_ratios_and_targets(tmp_path: Path) -> None:
-    records = []
-    for server, factor in (("oipgen", 3.0), ("mlserver", 1.0), ("kserve", 1.0)):
+    records: list[dict[str, object]] = []
+    for server, factor in (("oipgen", 3.0), ("triton", 2.0), ("mlserver", 1.0), ("kserve", 1.0)):
         for scenario in report.TITLES:
             records.append(_record(server, scenario, 1000 * factor, 300 / factor))
         records.append(
@@ -127,19 +159,31 @@ def test_report_ratios_and_targets(tmp_path: Path) -> None:
                 "tool": "harness",
                 "repeat": 1,
                 "startup_s": 0.5 * (2 - factor / 3),
+                "idle_rss_mib": 80.0 * factor,
+                "idle_pss_mib": 50.0 * factor,
             }
         )
     records.append(
         {"server": "mlserver", "scenario": "identity_rest_binary", "tool": "loadgen", "repeat": 2, "error": "HTTP 500"}
     )
+    for record in records:  # KServe logs a 92-byte line per request, the others nothing
+        if record["tool"] == "loadgen":
+            record.update(answered=100, log_bytes=9200 if record["server"] == "kserve" else 0)
+    # perf_analyzer: one client-bound row (3x the server's CPU per inference), one not (a fifth of it)
+    for scenario, client in (("identity_grpc_raw", 1200.0), ("simple_grpc_c8", 80.0)):
+        pa_record = _record("oipgen", scenario, 50.0, 400.0, client_cpu_us_per_infer=client)
+        records.append({**pa_record, "tool": "perf_analyzer"})
     meta = {
         "date": "today",
         "host": "here",
         "cpus": 2,
         "python": "3.11",
+        "git": {"sha": "0123456789abcdef" * 2 + "01234567", "dirty": False},
+        "versions": {"oipgen": {"oipgen": "0.1.0"}, "perf_analyzer": {"perf-analyzer": "2.60.0"}},
+        "reference": "triton",
         "load_average_before": [0.1, 0.1, 0.1],
         "load_average_after": [0.2, 0.2, 0.2],
-        "servers": ["oipgen", "mlserver", "kserve"],
+        "servers": ["oipgen", "triton", "mlserver", "kserve"],
         "scenarios": list(report.TITLES),
         "repeats": 1,
         "duration_s": 1.0,
@@ -153,10 +197,27 @@ def test_report_ratios_and_targets(tmp_path: Path) -> None:
     summary = report.summarize(document)
     text = report.markdown(document, summary)
     assert "3.00x infer/s, 3.00x CPU" in text, text
+    # the first table: every server against Triton (oipgen 3x its figures, MLServer and KServe half), memory too
+    first = text.split("## Against Triton 2.51", 1)[1].split("##", 1)[0]
+    assert text.index("## Against Triton 2.51") < text.index("## Every server"), text
+    half = "**0.50x** · 0.50x CPU"
+    assert f"| simple gRPC c=8 | 2,000 | **1.50x** · 1.50x CPU | {half} | {half} |" in first, first
+    assert "| memory at rest (PSS) | 100 MiB | 1.50x the memory | 0.50x the memory | 0.50x the memory |" in first
+    assert "KServe 0.21.0 92.0. **Not held by KServe 0.21.0**." in text and "oipgen 0.0," in text, text
+    assert "commit `0123456789ab`" in text and "perf-analyzer 2.60.0" in text, text
+    pa_rows = [line for line in text.splitlines() if line.startswith("| oipgen | ") and "counted by" in line]
+    assert len(pa_rows) == 2 and ("client-bound" in pa_rows[0]) != ("client-bound" in pa_rows[1]), pa_rows
     met = {target: ok for target, _, ok in report.targets(document, summary)}
     assert met["simple REST JSON c=8: >= 2.5x MLServer infer/s"] is True
     assert met["simple gRPC c=8: >= 2x the better of MLServer and KServe"] is True
+    assert met["simple gRPC c=8: >= Triton's infer/s"] is True
     assert met["1M REST JSON: server CPU within 1.3x of the serialization floor"] is False  # 0.1 ms vs 0.05 ms
+    # peak memory against the memory at rest before any inference: 100 MiB peak vs 240 MiB at rest + 4 x 3.8 MiB
+    assert met["identity 1M FP32 gRPC raw: peak memory <= memory at rest + 4x payload"] is True
+    records.append({**_record("oipgen", "identity_grpc_raw", 3000.0, 100.0), "peak_rss_mib": 260.0, "repeat": 2})
+    records.append({**_record("oipgen", "identity_grpc_raw", 3000.0, 100.0), "peak_rss_mib": 260.0, "repeat": 3})
+    met = {target: ok for target, _, ok in report.targets(document, report.summarize(document))}
+    assert met["identity 1M FP32 gRPC raw: peak memory <= memory at rest + 4x payload"] is False
     assert "(1 of 2 runs failed)" in text
     assert report.chart(document, summary, tmp_path / "chart.png") is not None
 
@@ -218,3 +279,34 @@ def test_allocator_tuning() -> None:
     assert tune(MALLOC_ARENA_MAX="4") == "False"
     if platform.libc_ver()[0] == "glibc":
         assert tune() == "True"
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Triton as `make bench` runs it, from bench/setup.sh's Triton step (run here when bench/.cache lacks it)."""
+    cache = BENCH / ".cache"
+    if servers.missing("triton", cache):
+        done = subprocess.run(
+            ["bash", str(BENCH / "setup.sh"), str(cache)],
+            env={**os.environ, "BENCH_SETUP_ONLY": "triton"},
+            capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, f"bench/setup.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    with servers.running("triton", cache, tmp_path_factory.mktemp("triton")) as server:
+        yield server
+
+
+def test_triton_serves_every_workload(triton: servers.Running) -> None:
+    """Triton answers every workload with the right values (the load generator checks the first answer value by
+    value), its stubs are counted in its memory, it logs nothing per request, and its count matches ours."""
+    assert triton.metadata["name"] == "triton" and triton.metadata["version"] == "2.51.0", triton.metadata
+    assert len(loadgen._tree(triton.pid)) >= 3  # tritonserver and one Python-backend stub per model
+    assert 10 < triton.idle_pss_mib <= triton.idle_rss_mib
+    logged = servers.log_bytes(triton)
+    for workload in loadgen.WORKLOADS:
+        before = servers.inference_count(triton)
+        result = loadgen.run(workload, triton.rest, triton.grpc, concurrency=2, duration=0.3, warmup=0.1,
+                             elements=1000, server_pid=triton.pid, timeout=10)  # fmt: skip
+        assert "error" not in result and result["errors"] == 0 and result["requests"] > 0, result
+        assert servers.inference_count(triton) - before == result["completed"], result  # type: ignore[operator]
+    assert servers.log_bytes(triton) == logged

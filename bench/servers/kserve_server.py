@@ -1,6 +1,7 @@
 """The two benchmark models for KServe 0.21.0: `python kserve_server.py --http_port N --grpc_port M`.
 
-KServe's defaults otherwise (one uvicorn worker, access and latency logging on). Pitfalls from
+KServe's defaults otherwise (one uvicorn worker), except logging: bench/servers.py passes `--enable_latency_logging
+false` and kserve_logging.json (no access log), the one policy of the benchmark. Pitfalls from
 shared/research/bench-baselines.md: a response needs a string id, and `use_binary_outputs` is passed for REST only
 (over gRPC, ndarray outputs go raw anyway).
 """
