@@ -108,12 +108,8 @@ def observed(server: servers.Running, measure: Callable[[], dict[str, Any]]) -> 
 def run_pa(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     with _pinned(CLIENT_CPU):
         try:
-            result = pa.run(args.cache, scenario.workload, server.rest, server.grpc, scenario.concurrency,
-                            args.elements, window_ms=args.pa_window_ms, trials=args.pa_trials)  # fmt: skip
-            if "stable measurement" in result.get("error", ""):  # a noisy window: once more, with more windows
-                result = pa.run(args.cache, scenario.workload, server.rest, server.grpc, scenario.concurrency,
-                                args.elements, window_ms=args.pa_window_ms, trials=args.pa_trials + 3)  # fmt: skip
-            return result
+            return pa.run(args.cache, scenario.workload, server.rest, server.grpc, scenario.concurrency,
+                          args.elements, window_ms=args.pa_window_ms, trials=args.pa_trials)  # fmt: skip
         except Exception as exc:  # one failed measurement is reported, the run goes on
             return {"tool": "perf_analyzer", "error": f"{type(exc).__name__}: {exc}"}
 
