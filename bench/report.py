@@ -239,7 +239,8 @@ def _against_reference(document: dict[str, Any], summary: dict[str, Any]) -> lis
             )
             row.append("-" if rate == "-" else f"**{rate}** · {cpu} CPU")
         lines.append("| " + " | ".join(row) + " |")
-    row = ["memory at rest (PSS)", _num(get(summary, reference, "startup", "idle_pss_mib", "harness")) + " MiB"]
+    at_rest = _num(get(summary, reference, "startup", "idle_pss_mib", "harness"))
+    row = ["memory at rest (PSS; lower is better)", f"{at_rest} MiB"]
     for server in others:
         row.append(
             _ratio(
