@@ -30,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -140,11 +139,14 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
             "info",  # the default: start-up and errors, no access log
         ]
     elif name == "triton":
-        site = next((cache / "venv-triton" / "lib").glob("python3*/site-packages"))
+        venv = cache / "venv-triton"
+        site = next((venv / "lib").glob("python3*/site-packages"))
         # The Python-backend stub finds numpy in this environment's `python` (first on PATH, as PyTriton does) and
-        # links libpython: the interpreter's own, not the system's (a different patch release).
-        env["PATH"] = f"{cache / 'venv-triton' / 'bin'}:{env.get('PATH', '')}"
-        env["LD_LIBRARY_PATH"] = f"{site / 'nvidia_pytriton.libs'}:{sysconfig.get_config_var('LIBDIR')}"
+        # links libpython: that of the interpreter the environment was made from (its `home`), not the system's.
+        home = next(line.split("=", 1)[1].strip() for line in (venv / "pyvenv.cfg").read_text().splitlines()
+                    if line.split("=", 1)[0].strip() == "home")  # fmt: skip
+        env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+        env["LD_LIBRARY_PATH"] = f"{site / 'nvidia_pytriton.libs'}:{Path(home).parent / 'lib'}"
         argv = [
             str(cache / "triton" / "tritonserver"),
             f"--model-repository={TRITON_MODELS}",
