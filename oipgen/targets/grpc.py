@@ -21,6 +21,7 @@ from ..output import Tree
 from . import Context
 
 _DEFAULT_POOL = "_descriptor_pool.Default().AddSerializedFile("
+_MESSAGES_MODULE = re.compile(r"(_builder\.BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'[\w.]+'")
 
 
 def module_names(ctx: Context) -> list[str]:
@@ -52,6 +53,11 @@ def build(ctx: Context, tree: Tree) -> None:
             if text.count(_DEFAULT_POOL) != 1:
                 raise RuntimeError(f"unexpected protoc output in {rel}: cannot place it in the private pool")
             text = text.replace(_DEFAULT_POOL, "_pool.POOL.AddSerializedFile(")
+            # Message classes name their real module (`oip.grpc.grpc_service_pb2`, wherever the package is
+            # vendored) rather than the bare file name, so that messages pickle: Ray, multiprocessing.
+            text, count = _MESSAGES_MODULE.subn(r"\1__name__", text)
+            if count != 1:
+                raise RuntimeError(f"unexpected protoc output in {rel}: cannot name the messages' module")
             text = text.replace(
                 "from google.protobuf import descriptor_pool as _descriptor_pool\n",
                 "from . import _pool\n",

@@ -33,7 +33,7 @@ DESCRIPTOR = _pool.POOL.AddSerializedFile(b'\n\x12grpc_service.proto\x12\tinfere
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'grpc_service_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, __name__, _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELMETADATARESPONSE_PROPERTIESENTRY']._loaded_options = None

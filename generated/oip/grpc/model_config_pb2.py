@@ -32,7 +32,7 @@ DESCRIPTOR = _pool.POOL.AddSerializedFile(b'\n\x12model_config.proto\x12\tinfere
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'model_config_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, __name__, _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELDYNAMICBATCHING_PRIORITYQUEUEPOLICYENTRY']._loaded_options = None
