@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .api import is_safe_identifier
@@ -21,6 +24,8 @@ class BuildOptions:
     package: str
     targets: tuple[str, ...]
     templates: Path | None = None
+    # Per-target settings: the tables [tool.oipgen.<target>] of pyproject.toml (deploy: image, names, replicas...).
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def package_dir(self) -> Path:
@@ -32,7 +37,7 @@ class OptionsError(ValueError):
 
 
 def validate(opts: BuildOptions) -> None:
-    from .targets import PUBLIC
+    from .targets import PUBLIC, resolve
 
     if not all(is_safe_identifier(part) for part in opts.package.split(".")) or "." in opts.package:
         raise OptionsError(f"--package {opts.package!r} is not a safe Python package name")
@@ -41,6 +46,13 @@ def validate(opts: BuildOptions) -> None:
             raise OptionsError(f"unknown target {t!r}; choose from {', '.join((*PUBLIC, 'all'))}")
     if opts.templates is not None and not opts.templates.is_dir():
         raise OptionsError(f"--templates {opts.templates}: no such directory")
+    if "deploy" in resolve(list(opts.targets)):
+        from .targets.deploy import parse_settings
+
+        try:
+            parse_settings(opts.settings.get("deploy", {}), opts.package)
+        except ValueError as e:
+            raise OptionsError(str(e)) from None
 
 
 def tool_versions() -> dict[str, str]:
@@ -72,6 +84,7 @@ def inputs_hash(opts: BuildOptions) -> str:
         total.update(f"{tool} {version}\n".encode())
     _, spec_hash = hash_files(opts.spec, spec_inputs(opts.spec)) if opts.spec.is_dir() else ([], "none")
     total.update(f"spec {spec_hash}\n".encode())
+    total.update(f"settings {json.dumps(opts.settings, sort_keys=True, default=str)}\n".encode())
     for i, d in enumerate(template_dirs(opts.templates)):
         _hash_tree(total, f"templates{i}", d)
     _hash_tree(total, "runtime", builtin_runtime())
@@ -91,7 +104,7 @@ def build_tree(opts: BuildOptions) -> Tree:
         opts.templates,
         {"api": api, "plan": make_plan(api), "package": opts.package, "header": header, "oipgen_version": __version__},
     )
-    ctx = Context(api=api, package=opts.package, renderer=renderer, header=header)
+    ctx = Context(api=api, package=opts.package, renderer=renderer, header=header, settings=opts.settings)
     tree = Tree()
     targets = resolve(list(opts.targets))
     for name in targets:

@@ -143,6 +143,7 @@ def _report_problems(spec: object, e: Any) -> None:
 def _build(args: argparse.Namespace) -> int:
     from .build import BuildOptions, OptionsError, validate
     from .output import is_current
+    from .targets import PUBLIC
 
     started = time.perf_counter()
     config, root = _config(Path.cwd())
@@ -161,6 +162,7 @@ def _build(args: argparse.Namespace) -> int:
         package=args.package or str(config.get("package", "oip")),
         targets=tuple(t for item in targets for t in str(item).split(",") if t),
         templates=templates,
+        settings={name: table for name, table in config.items() if name in PUBLIC and isinstance(table, dict)},
     )
     try:
         validate(opts)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ class Context:
     package: str
     renderer: Renderer
     header: str
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # [tool.oipgen.<target>] tables
 
 
 class _TargetModule(Protocol):
@@ -37,6 +39,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], str]] = {
     "grpc": (("package", "models"), "oipgen.targets.grpc"),
     "server": (("package", "models", "grpc"), "oipgen.targets.server"),
     "client": (("package", "models", "grpc"), "oipgen.targets.client"),
+    "deploy": (("package", "models", "grpc", "server"), "oipgen.targets.deploy"),
 }
 
 # What the generated code of each target imports at run time.
@@ -46,6 +49,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
     "server": ("fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "orjson>=3.10,<4", "httpx>=0.27,<1"),
     "client": ("httpx>=0.27,<1", "orjson>=3.10,<4"),
+    "deploy": (),  # files beside the package, for the engines that run it; the package does not import them
 }
 PUBLIC = tuple(t for t in TARGETS if t != "package")
 

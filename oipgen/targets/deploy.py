@@ -1,0 +1,149 @@
+"""Target `deploy`: what the engines users already run need to serve the package, written beside it in
+`<out>/deploy/`: a Containerfile, KServe's ServingRuntime and InferenceService, and a Ray Serve application with
+its config. Settings come from `[tool.oipgen.deploy]`; every one has a default (`DEFAULTS`).
+
+The server's command line is decided here once (`serve_command`): the Containerfile's CMD and the
+ServingRuntime's container run exactly the same one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..output import Tree
+from . import Context, requirements, resolve
+
+MODEL_DIR = "/mnt/models"  # where KServe's storage initializer puts the model repository
+HTTP_PORT = 8080  # KServe's ports for a runtime's REST and gRPC servers
+GRPC_PORT = 8081
+HEALTH_READY = "/v2/health/ready"
+HEALTH_LIVE = "/v2/health/live"
+METRICS_PATH = "/metrics"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    image: str  # the image the Containerfile builds and the ServingRuntime runs
+    runtime: str  # ServingRuntime name
+    service: str  # InferenceService name
+    model_format: str  # the model format the runtime serves (supportedModelFormats, predictor.model.modelFormat)
+    model_format_version: str
+    storage_uri: str  # where KServe downloads the model repository from; a placeholder to replace
+    base_image: str  # the Containerfile's FROM
+    uid: int  # the image's non-root user
+    cpu: str  # the container's requests and limits (Kubernetes quantities)
+    memory: str
+    min_replicas: int  # KServe's autoscaler bounds (RawDeployment: a HorizontalPodAutoscaler on CPU)
+    max_replicas: int
+    scale_target: int  # % CPU utilization the autoscaler aims at
+    termination_grace_seconds: int  # the pod's grace period after SIGTERM; the server drains within it
+    ray_replicas: int  # Ray Serve replicas of the application's deployment
+    ray_num_cpus: float  # CPUs each Ray replica reserves
+    ray_http_port: int  # Ray Serve's HTTP and gRPC proxies
+    ray_grpc_port: int
+
+    @property
+    def drain_seconds(self) -> int:
+        """How long requests in flight may finish after SIGTERM: the grace period less the time to stop."""
+        return max(1, self.termination_grace_seconds - 5)
+
+
+def defaults(package: str) -> dict[str, Any]:
+    name = package.replace("_", "-").lower()
+    return {
+        "image": f"{name}-server:latest",
+        "runtime": f"{name}-runtime",
+        "service": f"{name}-models",
+        "model_format": name,
+        "model_format_version": "1",
+        "storage_uri": "s3://YOUR-BUCKET/path/to/model-repository",
+        "base_image": "python:3.11-slim",
+        "uid": 1000,
+        "cpu": "1",
+        "memory": "2Gi",
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "scale_target": 80,
+        "termination_grace_seconds": 30,
+        "ray_replicas": 2,
+        "ray_num_cpus": 1.0,
+        "ray_http_port": 8000,
+        "ray_grpc_port": 9000,
+    }
+
+
+def parse_settings(raw: Mapping[str, Any], package: str) -> DeploySettings:
+    """`[tool.oipgen.deploy]` over the defaults; ValueError names every key that is unknown or of the wrong kind."""
+    values = defaults(package)
+    problems = [f"unknown setting {key!r}" for key in sorted(raw) if key not in values]
+    for key, value in raw.items():
+        if key not in values:
+            continue
+        want = type(values[key])
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not want:
+            problems.append(f"{key} must be a {want.__name__}, got {value!r}")
+            continue
+        values[key] = value
+    for key in ("runtime", "service", "model_format"):
+        if not _DNS_LABEL.match(str(values[key])):
+            problems.append(f"{key} {values[key]!r} is not a Kubernetes name (lower case letters, digits and '-')")
+    for key in ("uid", "min_replicas", "max_replicas", "scale_target", "termination_grace_seconds", "ray_replicas"):
+        if values[key] < (0 if key == "min_replicas" else 1):
+            problems.append(f"{key} must be positive, got {values[key]}")
+    if values["uid"] == 0:
+        problems.append("uid must not be 0: the image runs as a non-root user")
+    if values["min_replicas"] > values["max_replicas"]:
+        problems.append("min_replicas is larger than max_replicas")
+    if values["ray_num_cpus"] <= 0:
+        problems.append("ray_num_cpus must be positive")
+    for key in ("ray_http_port", "ray_grpc_port"):
+        if not 1 <= values[key] <= 65535:
+            problems.append(f"{key} {values[key]} is not a port")
+    for key in ("image", "base_image", "storage_uri", "cpu", "memory", "model_format_version"):
+        if not str(values[key]).strip() or any(c in str(values[key]) for c in "\"'\n\\ "):
+            problems.append(f"{key} {values[key]!r} must be one word without quotes")
+    if problems:
+        raise ValueError("[tool.oipgen.deploy]: " + "; ".join(problems))
+    return DeploySettings(**{f.name: values[f.name] for f in fields(DeploySettings)})
+
+
+def serve_command(package: str, settings: DeploySettings) -> list[str]:
+    """The server's command line in a container: the repository KServe mounts, every address, KServe's ports,
+    and a drain that ends within the pod's grace period."""
+    return [
+        "python", "-m", package, "serve",
+        f"--model-repository={MODEL_DIR}",
+        "--host=0.0.0.0",
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--graceful-shutdown-seconds={settings.drain_seconds}",
+    ]
+
+
+def build(ctx: Context, tree: Tree) -> None:
+    settings = parse_settings(ctx.settings.get("deploy", {}), ctx.package)
+    command = serve_command(ctx.package, settings)
+    server_requirements = requirements(resolve(["server"]))
+    variables = {
+        "deploy": settings,
+        "command": command,
+        "requirements": server_requirements,
+        "model_dir": MODEL_DIR,
+        "http_port": HTTP_PORT,
+        "grpc_port": GRPC_PORT,
+        "health_ready": HEALTH_READY,
+        "health_live": HEALTH_LIVE,
+        "metrics_path": METRICS_PATH,
+        "note": "\n".join(ctx.header.splitlines()[:2]),
+        "ray_module": f"{ctx.package}_ray",
+    }
+    available = ctx.renderer.env.list_templates(extensions=["jinja"])
+    for name in sorted(t for t in available if t.startswith("deploy/")):
+        path = name.removesuffix(".jinja").replace("PACKAGE", ctx.package)
+        tree.add_beside(path, ctx.renderer.render(name, **variables))

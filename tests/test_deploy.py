@@ -1,0 +1,375 @@
+"""`oipgen build --target deploy`: the Containerfile, KServe's ServingRuntime and InferenceService, and the Ray Serve
+application, written beside the package in generated/deploy/.
+
+- The KServe manifests validate against KServe's own CRD schemas (tests/data/kserve), made strict: an unknown field
+  is refused (the API server would drop it silently) and protocolVersions must be one KServe knows.
+- The container's command line runs exactly as a pod runs it, in a private network namespace (netns.py): the
+  same words (`--host=0.0.0.0`, ports 8080 and 8081), the test repository in place of /mnt/models; the pod's
+  probes, the image's HEALTHCHECK and tritonclient over REST and gRPC see it ready and answering, and SIGTERM
+  drains a request in flight and exits 0 within the pod's grace period. No container engine runs here (no image
+  registry can be reached to pull a base image), so the image itself is not built.
+- The Ray Serve group (marker `ray`) is test_ray.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import pickle
+import re
+import shlex
+import shutil
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import netns
+import pytest
+import yaml
+from conftest import GENERATED, SPEC, oipgen
+from serving import build_repository
+
+from oipgen.output import read_manifest
+from oipgen.targets import requirements, resolve
+from oipgen.targets.deploy import DeploySettings, defaults, parse_settings, serve_command
+
+DEPLOY = GENERATED / "deploy"
+SCHEMAS = Path(__file__).parent / "data" / "kserve"
+PROTOCOL_VERSIONS = ["v1", "v2", "grpc-v1", "grpc-v2"]  # KServe's constants; its CRD has no enum for them
+SETTINGS: DeploySettings = parse_settings({}, "oip")
+
+
+def _yaml(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((DEPLOY / name).read_text())
+    return document
+
+
+def containerfile() -> list[tuple[str, str]]:
+    """The Containerfile's instructions: (INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for line in (DEPLOY / "Containerfile").read_text().splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending += line.rstrip("\\").strip() + " " if line.endswith("\\") else line.strip()
+        if not line.endswith("\\"):
+            word, _, rest = pending.partition(" ")
+            instructions.append((word.upper(), rest.strip()))
+            pending = ""
+    return instructions
+
+
+def instruction(name: str) -> list[str]:
+    return [args for word, args in containerfile() if word == name]
+
+
+# --- what is generated ------------------------------------------------------------------------------------------
+
+
+def test_the_deploy_kit_is_written_beside_the_package_and_listed_in_its_manifest() -> None:
+    files = sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*") if p.is_file()
+                   and "__pycache__" not in p.parts)
+    assert files == ["Containerfile", "kserve/inference-service.yaml", "kserve/serving-runtime.yaml",
+                     "ray/oip_ray.py", "ray/serve-config.yaml"]
+    manifest = read_manifest(GENERATED / "oip")
+    assert manifest is not None and "deploy" in manifest["targets"]
+    assert {f"../deploy/{f}" for f in files} <= set(manifest["files"])
+
+
+def test_check_sees_a_hand_edited_deploy_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(GENERATED, out, ignore=shutil.ignore_patterns("__pycache__"))
+    assert oipgen("build", "--check", "--out", str(out)).returncode == 0
+    config = out / "deploy" / "ray" / "serve-config.yaml"
+    config.write_text(config.read_text().replace("num_replicas: 2", "num_replicas: 3"))
+    (out / "deploy" / "kserve" / "extra.yaml").write_text("kind: Mine\n")
+    result = oipgen("build", "--check", "--out", str(out))
+    assert result.returncode == 1
+    assert "changed: ../deploy/ray/serve-config.yaml" in result.stderr
+    assert "extra (not generated): ../deploy/kserve/extra.yaml" in result.stderr
+
+
+def test_settings_come_from_the_deploy_table_of_pyproject(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.oipgen]\nspec = "{SPEC.as_posix()}"\nout = "vendor"\npackage = "acme_oip"\n'
+        '[tool.oipgen.deploy]\nimage = "registry.example/acme/server:1.2"\nmodel_format = "acme"\n'
+        'ray_replicas = 4\nray_num_cpus = 2\ntermination_grace_seconds = 60\n'
+    )
+    result = oipgen("build", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    deploy = tmp_path / "vendor" / "deploy"
+    runtime = yaml.safe_load((deploy / "kserve" / "serving-runtime.yaml").read_text())
+    assert runtime["metadata"]["name"] == "acme-oip-runtime"
+    assert runtime["spec"]["containers"][0]["image"] == "registry.example/acme/server:1.2"
+    assert runtime["spec"]["containers"][0]["command"] == ["python", "-m", "acme_oip", "serve"]
+    assert "--graceful-shutdown-seconds=55" in runtime["spec"]["containers"][0]["args"]
+    assert runtime["spec"]["supportedModelFormats"][0]["name"] == "acme"
+    service = yaml.safe_load((deploy / "kserve" / "inference-service.yaml").read_text())
+    assert service["spec"]["predictor"]["model"]["modelFormat"]["name"] == "acme"
+    assert service["spec"]["predictor"]["terminationGracePeriodSeconds"] == 60
+    ray = yaml.safe_load((deploy / "ray" / "serve-config.yaml").read_text())
+    assert ray["applications"][0]["deployments"][0]["num_replicas"] == 4
+    assert ray["applications"][0]["deployments"][0]["ray_actor_options"]["num_cpus"] == 2.0
+    assert ray["applications"][0]["import_path"] == "acme_oip_ray:build"
+    assert (deploy / "ray" / "acme_oip_ray.py").read_text().count("from acme_oip.server import") == 1
+    # Settings are an input: changing one makes the tree stale.
+    pyproject = (tmp_path / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(pyproject.replace("ray_replicas = 4", "ray_replicas = 5"))
+    assert oipgen("build", "--check", cwd=tmp_path).returncode == 1
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('imgae = "x"', "unknown setting 'imgae'"),
+    ("ray_replicas = \"two\"", "ray_replicas must be a int"),
+    ('runtime = "My_Runtime"', "is not a Kubernetes name"),
+    ("uid = 0", "non-root"),
+    ("min_replicas = 5\nmax_replicas = 2", "min_replicas is larger than max_replicas"),
+])
+def test_bad_settings_are_refused_before_anything_is_written(tmp_path: Path, table: str, message: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.oipgen]\nspec = "{SPEC.as_posix()}"\n[tool.oipgen.deploy]\n{table}\n')
+    result = oipgen("build", cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr and "[tool.oipgen.deploy]" in result.stderr
+    assert not (tmp_path / "generated").exists()
+
+
+def test_generated_messages_pickle_as_ray_passes_them_between_processes() -> None:
+    from oip.grpc import grpc_service_pb2 as pb
+
+    message = pb.ModelInferRequest(model_name="simple", id="7")
+    message.raw_input_contents.append(b"\x01\x02")
+    assert type(message).__module__ == "oip.grpc.grpc_service_pb2"
+    assert pickle.loads(pickle.dumps(message)) == message
+
+
+# --- the Containerfile --------------------------------------------------------------------------------------------
+
+
+def test_the_image_runs_the_server_command_line_as_a_non_root_user() -> None:
+    [cmd] = instruction("CMD")
+    assert json.loads(cmd) == serve_command("oip", SETTINGS)
+    assert json.loads(cmd)[:4] == ["python", "-m", "oip", "serve"]
+    assert "--model-repository=/mnt/models" in json.loads(cmd) and "--host=0.0.0.0" in json.loads(cmd)
+    [user] = instruction("USER")
+    assert user.isdigit() and int(user) == SETTINGS.uid != 0
+    assert instruction("EXPOSE") == ["8080 8081"]
+    [healthcheck] = instruction("HEALTHCHECK")
+    assert "http://127.0.0.1:8080/v2/health/ready" in healthcheck
+    assert instruction("FROM") == [SETTINGS.base_image]
+    assert instruction("COPY") == ["oip /app/oip"]
+    installs = [shlex.split(run) for run in instruction("RUN") if "pip install" in run]
+    assert len(installs) == 1
+    assert sorted(w for w in installs[0] if not w.startswith("-") and w not in ("python", "pip", "install")) == \
+        sorted(requirements(resolve(["server"])))
+    assert {word for word, _ in containerfile()} <= {"FROM", "ENV", "RUN", "COPY", "WORKDIR", "USER", "EXPOSE",
+                                                     "HEALTHCHECK", "STOPSIGNAL", "CMD"}
+
+
+def healthcheck_command() -> list[str]:
+    [healthcheck] = instruction("HEALTHCHECK")
+    words: list[str] = json.loads(healthcheck[healthcheck.index("CMD ") + 4:])
+    return words
+
+
+# --- KServe ------------------------------------------------------------------------------------------------------
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's schema as a JSON-schema validator should apply it offline: Kubernetes' int-or-string spelled out,
+    and unknown fields refused (the API server prunes them silently) except where the schema keeps them."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if out.get("x-kubernetes-int-or-string") and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+OBJECT_META = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
+@cache
+def schema(kind: str) -> dict[str, Any]:
+    name = {"ServingRuntime": "servingruntime-v1alpha1", "InferenceService": "inferenceservice-v1beta1"}[kind]
+    document: dict[str, Any] = strict(json.loads(gzip.decompress((SCHEMAS / f"{name}.schema.json.gz").read_bytes())))
+    api_version = {"ServingRuntime": "serving.kserve.io/v1alpha1", "InferenceService": "serving.kserve.io/v1beta1"}
+    document["properties"]["apiVersion"] = {"const": api_version[kind]}
+    document["properties"]["kind"] = {"const": kind}
+    document["properties"]["metadata"] = OBJECT_META
+    document["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    if kind == "ServingRuntime":
+        document["properties"]["spec"]["properties"]["protocolVersions"]["items"]["enum"] = PROTOCOL_VERSIONS
+    else:
+        model = document["properties"]["spec"]["properties"]["predictor"]["properties"]["model"]
+        model["properties"]["protocolVersion"]["enum"] = PROTOCOL_VERSIONS
+    return document
+
+
+def problems(manifest: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(schema(manifest.get("kind", "ServingRuntime")))
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(manifest))
+
+
+def test_the_schemas_are_kserves_own() -> None:
+    runtime = schema("ServingRuntime")["properties"]["spec"]
+    assert runtime["required"] == ["containers"]
+    assert {"supportedModelFormats", "protocolVersions", "containers", "annotations"} <= set(runtime["properties"])
+    predictor = schema("InferenceService")["properties"]["spec"]["properties"]["predictor"]
+    model = predictor["properties"]["model"]["properties"]
+    assert {"modelFormat", "runtime", "protocolVersion", "storageUri"} <= set(model)
+
+
+@pytest.mark.parametrize("name", ["kserve/serving-runtime.yaml", "kserve/inference-service.yaml"])
+def test_the_kserve_manifests_validate_against_kserves_crd_schemas(name: str) -> None:
+    assert problems(_yaml(name)) == []
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda m: m["spec"].__setitem__("suportedModelFormats", m["spec"].pop("supportedModelFormats")),
+     "Additional properties are not allowed ('suportedModelFormats' was unexpected)"),
+    (lambda m: m["spec"]["protocolVersions"].append("v3"), "'v3' is not one of"),
+    (lambda m: m["spec"]["containers"][0]["ports"][1].__setitem__("containerPort", "8081"), "'8081' is not of type"),
+    (lambda m: m["spec"]["containers"][0]["readinessProbe"]["httpGet"].__setitem__("pathh", "/"),
+     "('pathh' was unexpected)"),
+    (lambda m: m["spec"].pop("containers"), "'containers' is a required property"),
+    (lambda m: m["metadata"].__setitem__("name", "Oip_Runtime"), "does not match"),
+])
+def test_the_check_refuses_what_a_cluster_would_refuse_or_drop(edit: Any, expected: str) -> None:
+    manifest = copy.deepcopy(_yaml("kserve/serving-runtime.yaml"))
+    edit(manifest)
+    assert any(expected in p for p in problems(manifest)), problems(manifest)
+
+
+def test_an_inference_service_with_an_unknown_protocol_or_field_is_refused() -> None:
+    service = copy.deepcopy(_yaml("kserve/inference-service.yaml"))
+    service["spec"]["predictor"]["model"]["protocolVersion"] = "v2.1"
+    service["spec"]["predictor"]["model"]["storageURI"] = "s3://x"
+    found = problems(service)
+    assert any("'v2.1' is not one of" in p for p in found) and any("'storageURI' was unexpected" in p for p in found)
+
+
+def test_the_serving_runtime_is_what_kserve_needs_to_run_the_server() -> None:
+    spec = _yaml("kserve/serving-runtime.yaml")["spec"]
+    assert spec["supportedModelFormats"] == [
+        {"name": "oip", "version": "1", "autoSelect": True, "priority": 1}]
+    assert spec["protocolVersions"] == ["v2", "grpc-v2"]
+    assert spec["annotations"] == {"prometheus.kserve.io/port": "8080", "prometheus.kserve.io/path": "/metrics"}
+    [container] = spec["containers"]
+    assert container["name"] == "kserve-container"
+    assert container["command"] + container["args"] == serve_command("oip", SETTINGS)
+    [cmd] = instruction("CMD")
+    assert container["command"] + container["args"] == json.loads(cmd)  # the image and the pod run one command
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http1": 8080, "h2c": 8081}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["runAsUser"] == SETTINGS.uid
+
+
+def test_the_inference_service_uses_the_runtime_through_predictor_model() -> None:
+    service = _yaml("kserve/inference-service.yaml")
+    predictor = service["spec"]["predictor"]
+    runtime = _yaml("kserve/serving-runtime.yaml")
+    assert predictor["model"]["runtime"] == runtime["metadata"]["name"]
+    assert predictor["model"]["modelFormat"] == {"name": "oip", "version": "1"}
+    assert predictor["model"]["protocolVersion"] == "v2"
+    assert predictor["model"]["storageUri"] == defaults("oip")["storage_uri"]
+    assert "storageUri" in (DEPLOY / "kserve" / "inference-service.yaml").read_text().split("apiVersion")[0]
+    # The drain the server is told about ends inside the grace period the pod gets.
+    drain = next(a for a in runtime["spec"]["containers"][0]["args"] if a.startswith("--graceful-shutdown-seconds="))
+    assert float(drain.split("=")[1]) < predictor["terminationGracePeriodSeconds"]
+
+
+# --- the pod ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    why_not = netns.available()
+    if why_not:
+        pytest.skip(f"no private network namespace for the pod: {why_not}")
+    work = tmp_path_factory.mktemp("pod")
+    repository = build_repository(work / "models", extra=("slow",), only=("simple",))
+    [cmd] = instruction("CMD")
+    plan = {
+        "command": json.loads(cmd),
+        "healthcheck": healthcheck_command(),
+        "repository": str(repository),
+        "model_dir": "/mnt/models",
+        "pythonpath": str(GENERATED),
+        "grace_seconds": _yaml("kserve/inference-service.yaml")["spec"]["predictor"]["terminationGracePeriodSeconds"],
+        "log": str(work / "server.log"),
+    }
+    (work / "plan.json").write_text(json.dumps(plan))
+    report = netns.run(Path(__file__).parent / "deploy_pod.py", str(work / "plan.json"), timeout=180)
+    report["log"] = (work / "server.log").read_text()
+    report["plan"] = plan
+    return report
+
+
+SIMPLE = {"OUTPUT0": [list(range(1, 17))], "OUTPUT1": [list(range(-1, 15))]}
+
+
+def test_the_pod_runs_the_container_command_word_for_word(pod: dict[str, Any]) -> None:
+    [cmd] = instruction("CMD")
+    words = json.loads(cmd)
+    repository = pod["plan"]["repository"]
+    assert pod["command"] == [sys.executable if w == "python" else w.replace("/mnt/models", repository) for w in words]
+    assert "--host=0.0.0.0" in pod["command"] and "--http-port=8080" in pod["command"]
+
+
+def test_the_server_listens_on_every_address_as_a_container_must(pod: dict[str, Any]) -> None:
+    assert pod["listening"]["http"] == ["0.0.0.0"]
+    assert pod["listening"]["grpc"] and set(pod["listening"]["grpc"]) <= {"0.0.0.0", "::"}
+    assert pod["ready_on_127.0.0.2"] == 200  # not only loopback's 127.0.0.1
+
+
+def test_the_images_healthcheck_fails_before_the_server_and_passes_once_ready(pod: dict[str, Any]) -> None:
+    assert pod["healthcheck_before_start"] != 0
+    assert pod["healthcheck_when_ready"] == 0
+
+
+def test_the_pod_is_ready_and_answers_over_rest_and_grpc(pod: dict[str, Any]) -> None:
+    assert pod["rest_ready"] is True and pod["grpc_live"] is True
+    assert pod["rest_infer"] == SIMPLE
+    assert pod["grpc_infer"] == SIMPLE
+
+
+def test_the_pod_serves_metrics_where_the_annotations_point(pod: dict[str, Any]) -> None:
+    annotations = _yaml("kserve/serving-runtime.yaml")["spec"]["annotations"]
+    assert annotations["prometheus.kserve.io/path"] == "/metrics"
+    served = any('"/metrics"' in f.read_text() for f in (GENERATED / "oip" / "server").glob("*.py"))
+    if pod["metrics"]["status"] == 404 and not served:
+        pytest.skip("this server has no /metrics route yet")
+    assert pod["metrics"]["status"] == 200
+    assert "text/plain" in pod["metrics"]["type"]
+    assert re.search(r"^# TYPE \w+ (counter|gauge|histogram|summary)$", pod["metrics"]["text"], re.M)
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period(pod: dict[str, Any]) -> None:
+    assert pod["in_flight"]["status"] == 200, pod["log"][-3000:]
+    assert pod["in_flight"]["body"]["outputs"][0]["data"] == [7, 8, 9]
+    assert pod["exit_code"] == 0, pod["log"][-3000:]
+    grace = _yaml("kserve/inference-service.yaml")["spec"]["predictor"]["terminationGracePeriodSeconds"]
+    assert 1.5 < pod["exit_after_sigterm_s"] < grace  # it waited for the 2 s request, and no longer than allowed
+    assert pod["left_behind"] == []
+
