@@ -96,7 +96,7 @@ def test_settings_come_from_the_deploy_table_of_pyproject(tmp_path: Path) -> Non
     (tmp_path / "pyproject.toml").write_text(
         f'[tool.oipgen]\nspec = "{SPEC.as_posix()}"\nout = "vendor"\npackage = "acme_oip"\n'
         '[tool.oipgen.deploy]\nimage = "registry.example/acme/server:1.2"\nmodel_format = "acme"\n'
-        'ray_replicas = 4\nray_num_cpus = 2\ntermination_grace_seconds = 60\n'
+        'ray_replicas = 4\nray_num_cpus = 2\ntermination_grace_seconds = 60\nworkers = 2\ncpu = "2"\n'
     )
     result = oipgen("build", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -105,7 +105,10 @@ def test_settings_come_from_the_deploy_table_of_pyproject(tmp_path: Path) -> Non
     assert runtime["metadata"]["name"] == "acme-oip-runtime"
     assert runtime["spec"]["containers"][0]["image"] == "registry.example/acme/server:1.2"
     assert runtime["spec"]["containers"][0]["command"] == ["python", "-m", "acme_oip", "serve"]
-    assert "--graceful-shutdown-seconds=55" in runtime["spec"]["containers"][0]["args"]
+    assert runtime["spec"]["containers"][0]["args"][-2:] == ["--graceful-shutdown-seconds=55", "--workers=2"]
+    assert runtime["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
+    [cmd] = [line for line in (deploy / "Containerfile").read_text().splitlines() if line.startswith("CMD ")]
+    assert json.loads(cmd[4:])[-1] == "--workers=2"
     assert runtime["spec"]["supportedModelFormats"][0]["name"] == "acme"
     service = yaml.safe_load((deploy / "kserve" / "inference-service.yaml").read_text())
     assert service["spec"]["predictor"]["model"]["modelFormat"]["name"] == "acme"

@@ -41,6 +41,7 @@ class DeploySettings:
     max_replicas: int
     scale_target: int  # % CPU utilization the autoscaler aims at
     termination_grace_seconds: int  # the pod's grace period after SIGTERM; the server drains within it
+    workers: int  # server processes in one container (`serve --workers N`), for a pod with N cores
     ray_replicas: int  # Ray Serve replicas of the application's deployment
     ray_num_cpus: float  # CPUs each Ray replica reserves
     ray_http_port: int  # Ray Serve's HTTP and gRPC proxies
@@ -69,6 +70,7 @@ def defaults(package: str) -> dict[str, Any]:
         "max_replicas": 4,
         "scale_target": 80,
         "termination_grace_seconds": 30,
+        "workers": 1,
         "ray_replicas": 2,
         "ray_num_cpus": 1.0,
         "ray_http_port": 8000,
@@ -93,7 +95,8 @@ def parse_settings(raw: Mapping[str, Any], package: str) -> DeploySettings:
     for key in ("runtime", "service", "model_format"):
         if not _DNS_LABEL.match(str(values[key])):
             problems.append(f"{key} {values[key]!r} is not a Kubernetes name (lower case letters, digits and '-')")
-    for key in ("uid", "min_replicas", "max_replicas", "scale_target", "termination_grace_seconds", "ray_replicas"):
+    for key in ("uid", "min_replicas", "max_replicas", "scale_target", "termination_grace_seconds", "ray_replicas",
+                "workers"):
         if values[key] < (0 if key == "min_replicas" else 1):
             problems.append(f"{key} must be positive, got {values[key]}")
     if values["uid"] == 0:
@@ -115,7 +118,8 @@ def parse_settings(raw: Mapping[str, Any], package: str) -> DeploySettings:
 
 def serve_command(package: str, settings: DeploySettings) -> list[str]:
     """The server's command line in a container: the repository KServe mounts, every address, KServe's ports,
-    and a drain that ends within the pod's grace period."""
+    a drain that ends within the pod's grace period, and the worker processes asked for."""
+    workers = [f"--workers={settings.workers}"] if settings.workers > 1 else []
     return [
         "python", "-m", package, "serve",
         f"--model-repository={MODEL_DIR}",
@@ -123,6 +127,7 @@ def serve_command(package: str, settings: DeploySettings) -> list[str]:
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--graceful-shutdown-seconds={settings.drain_seconds}",
+        *workers,
     ]
 
 
