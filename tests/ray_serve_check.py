@@ -256,7 +256,10 @@ def main() -> int:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    time.sleep(1)
+    deadline = time.monotonic() + 10  # processes ended by a signal are gone once reaped (this is their init)
+    while netns.other_processes() and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.1)
     report["left_behind"] = netns.other_processes()
     print(json.dumps(report))
     return 0

@@ -32,15 +32,19 @@ from ray import serve
 
 from oip.grpc import model_config_pb2 as pb_model_config
 from oip.grpc import grpc_service_pb2 as pb_grpc_service
+from oip import extensions
 from oip.server import DataPlane, ModelRepository, Settings
-from oip.server.dataplane import EXTENSIONS
+from oip.server.dataplane import SHARED_MEMORY, UNSUPPORTED
 from oip.server.grpc import Servicer
 from oip.server.rest import create_app
 
 __all__ = ["Server", "build"]
 
 # Settings that belong to the server's own listeners; on Ray the proxies own the ports.
-_NOT_SETTINGS = frozenset({"host", "http_port", "grpc_port", "extensions", "model_repository"})
+_NOT_SETTINGS = frozenset({"host", "http_port", "grpc_port", "model_repository", "reuse_port"})
+# What a replica serves unless args.extensions says otherwise: every extension but system shared memory (a region
+# registered through the proxy reaches one replica, and the client may be on another machine).
+_EXTENSIONS = [name for name in extensions.EXTENSIONS if name not in UNSUPPORTED and name != SHARED_MEMORY]
 
 
 class _Aborted(Exception):
@@ -86,9 +90,7 @@ class Server:
     """One replica: a model repository, the data plane over it, the REST app and the gRPC servicer."""
 
     async def __init__(self, model_repository: str, settings: dict[str, Any]) -> None:
-        self.settings = Settings(
-            model_repository=Path(model_repository), extensions=list(EXTENSIONS), **settings
-        )
+        self.settings = Settings(model_repository=Path(model_repository), **{"extensions": list(_EXTENSIONS), **settings})
         self.repository = ModelRepository(self.settings.model_repository)
         await self.repository.load_all()
         self.dataplane = DataPlane(self.repository, self.settings)
