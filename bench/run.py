@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     began = time.monotonic()
+    commit = git_commit()  # what is measured: taken before, since the work tree may move during a long run
     try:
         if args.setup and (args.pa or any(name != "oipgen" for name in args.servers)):
             log("setting up the peers' environments and perf_analyzer (bench/setup.sh)")
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "git": git_commit(),
+        "git": commit,
         "versions": tool_versions(args),
         "logging": servers.LOGGING,
         "reference": servers.REFERENCE,
