@@ -129,6 +129,8 @@ class RestEndpoint:
     description: str
     tags: tuple[str, ...] = ()
 
+    events: bool = False  # the 200 answer is `text/event-stream`: one event per response, each a `response` body
+
 
 @dataclass(frozen=True)
 class Operation:
@@ -151,6 +153,25 @@ class Tag:
     name: str
     description: str
     extension: bool
+
+
+@dataclass(frozen=True)
+class RestOperation:
+    """An operation that only REST has (`x-oip-operation`, listed in `x-oip-rest-only`): no RPC, no messages.
+
+    Its bodies are plain JSON (`dict`) that the data plane reads; its path parameters fill keys of that request."""
+
+    name: str  # Generate
+    rest: tuple[RestEndpoint, ...]
+    reason: str  # why it has no gRPC form
+
+    @property
+    def snake(self) -> str:
+        return snake_case(self.name)
+
+    @property
+    def events(self) -> bool:
+        return any(ep.events for ep in self.rest)
 
 
 @dataclass(frozen=True)
@@ -231,6 +252,11 @@ class Api:
     info: dict[str, Any] = field(default_factory=dict)
     tags: tuple[Tag, ...] = ()
 
+    rest_operations: tuple[RestOperation, ...] = ()  # operations that only REST has
+
+    def rest_operation(self, name: str) -> RestOperation:
+        return _find(self.rest_operations, "name", name)
+
     def message(self, full_name: str) -> Message:
         return _find(self.messages, "full_name", full_name)
 
@@ -248,7 +274,9 @@ class Api:
 
     def endpoint_schemas(self) -> set[str]:
         """Schemas that are a whole REST body of some operation (as opposed to parts of one)."""
-        return {name for op in self.operations for ep in op.rest for name in (ep.body, ep.response) if name}
+        endpoints = [ep for op in self.operations for ep in op.rest]
+        endpoints += [ep for op in self.rest_operations for ep in op.rest]
+        return {name for ep in endpoints for name in (ep.body, ep.response) if name}
 
 
 def _find(items: tuple[_T, ...], attr: str, value: str) -> _T:

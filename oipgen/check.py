@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .api import INTEGER_KINDS, Api, Field, Message, Schema
+from .api import INTEGER_KINDS, Api, Field, Message, Operation, RestOperation, Schema, is_safe_identifier
 from .load_openapi import _SCHEMA_REF
 from .problems import Problems
 
@@ -61,6 +61,7 @@ class _Checker:
 
     def run(self) -> None:
         self.operations()
+        self.rest_operations()
         for schema in self.api.schemas:
             self.schema(schema)
         self.datatypes()
@@ -68,6 +69,20 @@ class _Checker:
         self.extensions()
 
     # -- operations -------------------------------------------------------------------------------------------
+    def rest_operations(self) -> None:
+        rpc_names = {r.name for r in self.api.rpcs}
+        for op in self.api.rest_operations:
+            if op.name in rpc_names:
+                self.rest("x-oip-rest-only", f"{op.name!r} is an RPC of service {self.api.service}, so it is not "
+                                             "REST-only")
+            if not op.rest:
+                self.rest("x-oip-rest-only", f"{op.name!r} has no REST operation (x-oip-operation)")
+            for ep in op.rest:
+                for p in ep.params:
+                    if not is_safe_identifier(p.field):
+                        self.rest(f"paths/{ep.path}/{ep.method.lower()}",
+                                  f"path parameter {p.name!r}: x-oip-field {p.field!r} is not a safe identifier")
+
     def operations(self) -> None:
         rpc_names = {r.name for r in self.api.rpcs}
         grpc_only = self.api.openapi.get("x-oip-grpc-only") or {}
@@ -286,11 +301,18 @@ class _Checker:
     def examples(self) -> None:
         for ex in self.api.examples:
             file = str(self.examples_dir / f"{ex.name}.yaml")
+            op: Operation | RestOperation
             try:
                 op = self.api.operation(ex.operation)
             except KeyError:
-                self.problems.add(file, "operation", f"{ex.operation!r} is not an RPC of the service")
-                continue
+                try:
+                    op = self.api.rest_operation(ex.operation)
+                except KeyError:
+                    self.problems.add(file, "operation", f"{ex.operation!r} is neither an RPC of the service nor a "
+                                                         "REST-only operation")
+                    continue
+                if ex.grpc is not None:
+                    self.problems.add(file, "grpc", f"{ex.operation} is REST-only; the case cannot have a grpc part")
             if ex.rest is not None:
                 method = str(ex.rest.get("method", "")).upper()
                 path = str(ex.rest.get("path", ""))

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .api import Api, Datatype, Example, ExampleModel, Operation, SpecFile, is_safe_identifier
+from .api import Api, Datatype, Example, ExampleModel, Operation, RestOperation, SpecFile, is_safe_identifier
 from .check import check_api
 from .load_openapi import load_openapi
 from .load_proto import load_protos
@@ -75,6 +75,15 @@ def load_spec(spec_dir: Path) -> Api:
         if name not in by_rpc:
             problems.add(str(openapi_path), f"paths/{ep.path}/{ep.method.lower()}",
                          f"x-oip-rpc names {name!r}, which is not an RPC of service {protos.service}")
+    rest_only = openapi.rest_only or {}
+    rest_operations = tuple(
+        RestOperation(name, tuple(ep for n, ep in openapi.rest_endpoints if n == name), reason)
+        for name, reason in rest_only.items()
+    )
+    for name, ep in openapi.rest_endpoints:
+        if name not in rest_only:
+            problems.add(str(openapi_path), f"paths/{ep.path}/{ep.method.lower()}",
+                         f"x-oip-operation names {name!r}, which x-oip-rest-only does not list")
 
     files, spec_hash = hash_files(spec_dir, spec_inputs(spec_dir))
     api = Api(
@@ -96,6 +105,8 @@ def load_spec(spec_dir: Path) -> Api:
         openapi=openapi.doc,
         info=dict(openapi.doc.get("info") or {}),
         tags=openapi.tags,
+
+        rest_operations=rest_operations,
     )
     check_api(api, spec_dir, problems)
     problems.raise_if_any()

@@ -12,6 +12,8 @@ from .problems import Problems
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 _PATH_VARIABLE = re.compile(r"\{([^{}]*)\}")
 _SCHEMA_REF = "#/components/schemas/"
+_JSON = "application/json"
+_EVENTS = "text/event-stream"  # server-sent events: allowed for the answer of a REST-only operation
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class OpenApiSet:
     endpoints: tuple[tuple[str, RestEndpoint], ...]  # (x-oip-rpc, endpoint)
     grpc_only: dict[str, str]
     tags: tuple[Tag, ...]
+    rest_endpoints: tuple[tuple[str, RestEndpoint], ...] = ()  # (x-oip-operation, endpoint): REST-only operations
+    rest_only: dict[str, str] | None = None  # x-oip-rest-only: REST-only operation -> why it has no gRPC form
 
 
 class _Reader:
@@ -67,17 +71,19 @@ class _Reader:
             for i, value in enumerate(node):
                 self.check_refs(value, f"{where}/{i}")
 
-    def schema_name(self, media: Any, where: str) -> str | None:
-        """The component name behind `content: application/json: schema: $ref`."""
+    def schema_name(self, media: Any, where: str, kinds: tuple[str, ...] = (_JSON,)) -> str | None:
+        """The component name behind `content: application/json: schema: $ref` (or another media type of
+        `kinds`)."""
         if not isinstance(media, dict):
             return None
         content = media.get("content")
         if not content:
             return None
-        if not isinstance(content, dict) or "application/json" not in content:
-            self.problem(where, "only application/json bodies are described")
+        kind = next((k for k in kinds if isinstance(content, dict) and k in content), None)
+        if kind is None:
+            self.problem(where, f"only {' or '.join(kinds)} bodies are described here")
             return None
-        schema = (content["application/json"] or {}).get("schema")
+        schema = (content[kind] or {}).get("schema")
         ref = schema.get("$ref") if isinstance(schema, dict) else None
         if not isinstance(ref, str) or not ref.startswith(_SCHEMA_REF):
             self.problem(where, "a body schema must be a $ref to #/components/schemas/<Name>")
@@ -103,7 +109,17 @@ def load_openapi(file: str, doc: Any, problems: Problems) -> OpenApiSet | None:
     if not isinstance(grpc_only, dict) or not all(isinstance(v, str) for v in grpc_only.values()):
         r.problem("x-oip-grpc-only", "must map RPC names to the reason they have no REST form")
         grpc_only = {}
-    return OpenApiSet(doc, schemas, endpoints, dict(grpc_only), _tags(r))
+    rest_only = doc.get("x-oip-rest-only") or {}
+    if not isinstance(rest_only, dict) or not all(isinstance(v, str) for v in rest_only.values()):
+        r.problem("x-oip-rest-only", "must map REST-only operation names to the reason they have no gRPC form")
+        rest_only = {}
+    for name in rest_only:
+        if not is_safe_identifier(str(name)):
+            r.problem("x-oip-rest-only", f"operation name {name!r} is not a safe Python identifier")
+    by_rpc = tuple((name, found.endpoint) for name, found in endpoints if not found.rest_only)
+    by_operation = tuple((name, found.endpoint) for name, found in endpoints if found.rest_only)
+    reasons = {str(k): str(v) for k, v in rest_only.items()}
+    return OpenApiSet(doc, schemas, by_rpc, dict(grpc_only), _tags(r), by_operation, reasons)
 
 
 def _tags(r: _Reader) -> tuple[Tag, ...]:
@@ -162,8 +178,14 @@ def _schemas(r: _Reader) -> tuple[Schema, ...]:
     return tuple(out)
 
 
-def _endpoints(r: _Reader) -> tuple[tuple[str, RestEndpoint], ...]:
-    out: list[tuple[str, RestEndpoint]] = []
+@dataclass(frozen=True)
+class _Found:
+    endpoint: RestEndpoint
+    rest_only: bool  # named by x-oip-operation rather than x-oip-rpc
+
+
+def _endpoints(r: _Reader) -> tuple[tuple[str, _Found], ...]:
+    out: list[tuple[str, _Found]] = []
     seen_ids: set[str] = set()
     paths = r.doc.get("paths") or {}
     if not isinstance(paths, dict) or not paths:
@@ -193,9 +215,10 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, RestEndpoint], ...]:
             if op_id in seen_ids:
                 r.problem(where, f"operationId {op_id!r} is used twice")
             seen_ids.add(op_id)
-            rpc = op.get("x-oip-rpc")
-            if not isinstance(rpc, str):
-                r.problem(where, "x-oip-rpc is missing: every REST operation must name its RPC")
+            rpc, operation = op.get("x-oip-rpc"), op.get("x-oip-operation")
+            if isinstance(rpc, str) == isinstance(operation, str):
+                r.problem(where, "every REST operation names its RPC (x-oip-rpc), or, when it has no gRPC form, "
+                                 "its REST-only operation (x-oip-operation listed in x-oip-rest-only); not both")
                 continue
             params = _path_params(r, where, variables, [*shared, *(op.get("parameters") or [])])
             body = r.resolve(op.get("requestBody"), where + "/requestBody")
@@ -204,11 +227,13 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, RestEndpoint], ...]:
             ok = r.resolve(responses.get("200") or responses.get(200), where + "/responses/200")
             if ok is None:
                 r.problem(where, "no 200 response is described")
-            response_name = r.schema_name(ok, where + "/responses/200") if ok else None
+            kinds = (_JSON,) if isinstance(rpc, str) else (_JSON, _EVENTS)
+            response_name = r.schema_name(ok, where + "/responses/200", kinds) if ok else None
+            events = isinstance(ok, dict) and _EVENTS in (ok.get("content") or {})
             out.append(
                 (
-                    rpc,
-                    RestEndpoint(
+                    str(rpc if isinstance(rpc, str) else operation),
+                    _Found(RestEndpoint(
                         operation_id=op_id,
                         method=method.upper(),
                         path=path,
@@ -220,7 +245,8 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, RestEndpoint], ...]:
                         summary=str(op.get("summary", "")),
                         description=str(op.get("description", "")),
                         tags=tuple(str(t) for t in op.get("tags") or ()),
-                    ),
+                        events=events,
+                    ), not isinstance(rpc, str)),
                 )
             )
     return tuple(out)

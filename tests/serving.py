@@ -66,13 +66,15 @@ class Example(Model):
     def infer(self, inputs, parameters):
         arrays = [inputs[t.name] for t in self.inputs]
         names = [t.name for t in self.outputs]
+        if self.behaviour == "words":  # decoupled: a generator, one response per word
+            return ({{names[0]: np.array([word], dtype=object)}} for word in bytes(arrays[0][0]).split())
         if self.behaviour == "add_sub":
             with np.errstate(over="ignore"):
                 return {{names[0]: arrays[0] + arrays[1], names[1]: arrays[0] - arrays[1]}}
         # identity: output k is input k, unchanged
         return dict(zip(names, arrays))
 '''
-BEHAVIOURS = ("identity", "add_sub")
+BEHAVIOURS = ("identity", "add_sub", "words")
 
 # Models beyond models.yaml, for the tests the golden cases cannot express.
 EXTRA_MODELS = {
@@ -178,7 +180,8 @@ def build_repository(root: Path, extra: tuple[str, ...] = (), only: tuple[str, .
         folder = root / model["name"]
         folder.mkdir()
         versions = ", ".join(json.dumps(v) for v in model["versions"])
-        (folder / "model.toml").write_text(f'class = "model:Example"\nversions = [{versions}]\n')
+        decoupled = "decoupled = true\n" if model.get("decoupled") else ""
+        (folder / "model.toml").write_text(f'class = "model:Example"\nversions = [{versions}]\n{decoupled}')
         (folder / "model.py").write_text(EXAMPLE_MODEL.format(**model))
     for name in extra:
         folder = root / name

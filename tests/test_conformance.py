@@ -147,10 +147,13 @@ def _wrong(value: Any) -> Any:
     return value
 
 
-def _rest_answer(spec: dict[str, Any], compare: str | None, wrong: bool) -> tuple[int, bytes]:
+def _rest_answer(spec: dict[str, Any], compare: str | None, wrong: bool) -> tuple[int, bytes, str]:
     status = int(spec["status"])
+    if "events" in spec:  # server-sent events: one more (an error) when wrong
+        events = [*spec["events"], {"error": "stub says no"}] if wrong else [_harmless(e) for e in spec["events"]]
+        return status, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events), _EVENTS
     if "response" not in spec:
-        return status, b"{}" if wrong else b""
+        return status, b"{}" if wrong else b"", _JSON
     expected = spec["response"]
     if expected == {"error": True}:
         body: Any = {"detail": [{"msg": "FastAPI-style"}]} if wrong else {"error": "stub says no"}
@@ -158,12 +161,16 @@ def _rest_answer(spec: dict[str, Any], compare: str | None, wrong: bool) -> tupl
         body = {**expected, "extra": 1} if wrong else _harmless(expected)
     else:
         body = _wrong(expected) if wrong else _harmless(expected)
-    return status, json.dumps(body).encode()
+    return status, json.dumps(body).encode(), _JSON
+
+
+_JSON = "application/json"
+_EVENTS = "text/event-stream; charset=utf-8"
 
 
 class _Rest(ThreadingHTTPServer):
     daemon_threads = True
-    answers: dict[tuple[str, str, bytes], tuple[int, bytes]]
+    answers: dict[tuple[str, str, bytes], tuple[int, bytes, str]]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -172,9 +179,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        status, payload = self.server.answers.get((self.command, self.path, body), (404, b'{"error": "no case"}'))
+        status, payload, kind = self.server.answers.get(
+            (self.command, self.path, body), (404, b'{"error": "no case"}', _JSON))
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)

@@ -516,7 +516,8 @@ async def test_example_models_load_from_the_examples_folder() -> None:
     dp = DataPlane(repository)
     index = (await dp.repository_index(pb.RepositoryIndexRequest(ready=True))).models
     assert [(m.name, m.version, m.state, m.reason) for m in index] == [
-        ("identity_bytes", "1", "READY", ""), ("identity_fp32", "1", "READY", ""), ("simple", "1", "READY", "")]
+        ("identity_bytes", "1", "READY", ""), ("identity_fp32", "1", "READY", ""), ("simple", "1", "READY", ""),
+        ("text_echo", "1", "READY", ""), ("text_stream", "1", "READY", "")]
     meta = await dp.model_metadata(pb.ModelMetadataRequest(name="simple"))
     assert meta.platform == "oipgen_example"
     response = await dp.model_infer(request("simple", *simple_inputs(np.full(16, 2**31 - 1), np.arange(16))))
@@ -530,6 +531,11 @@ async def test_example_models_load_from_the_examples_folder() -> None:
     text = await dp.model_infer(request("identity_bytes", tensor("INPUT0", "BYTES", [b"hello", b"\x00"])))
     assert text.outputs[0].data is not None and text.outputs[0].data.tolist() == [b"hello", b"\x00"]
     assert (await dp.server_ready(pb.ServerReadyRequest())).ready
+    # Triton's generate extension: text_echo answers once, text_stream once per word.
+    echo = await dp.generate({"model_name": "text_echo"}, {"text_input": "hi there", "id": "7", "temperature": 0.5})
+    assert echo == {"model_name": "text_echo", "model_version": "1", "id": "7", "text_output": "hi there"}
+    words = [a async for a in dp.generate_stream({"model_name": "text_stream"}, {"text_input": "a bc  d"})]
+    assert [a["text_output"] for a in words] == ["a", "bc", "d"]
 
 
 async def test_load_failures_are_reported_and_the_server_stays_live(tmp_path: Path) -> None:

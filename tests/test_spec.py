@@ -118,7 +118,29 @@ def _datatype_mismatch(spec: Path) -> None:
     path.write_text(path.read_text().replace("name: BF16", "name: BF17"))
 
 
+def _rpc_and_operation(spec: Path) -> None:
+    def edit(doc: dict) -> None:  # type: ignore[type-arg]
+        doc["paths"]["/v2/models/{model_name}/generate"]["post"]["x-oip-rpc"] = "ModelInfer"
+    _edit_openapi(spec, edit)
+
+
+def _unlisted_operation(spec: Path) -> None:
+    def edit(doc: dict) -> None:  # type: ignore[type-arg]
+        del doc["x-oip-rest-only"]["GenerateStream"]
+    _edit_openapi(spec, edit)
+
+
+def _rest_only_case_with_grpc(spec: Path) -> None:
+    path = spec / "examples" / "generate_text_echo.yaml"
+    path.write_text(path.read_text() + "grpc:\n  request: {}\n  code: OK\n")
+
+
 BROKEN = {
+    "rpc-and-operation": (_rpc_and_operation, "openapi.yaml", "not both"),
+    "unlisted-rest-only-operation": (_unlisted_operation, "openapi.yaml",
+                                     "x-oip-operation names 'GenerateStream', which x-oip-rest-only does not list"),
+    "rest-only-case-with-grpc": (_rest_only_case_with_grpc, "generate_text_echo.yaml",
+                                 "Generate is REST-only; the case cannot have a grpc part"),
     "proto-syntax": (_proto_syntax_error, "grpc_service.proto", "line "),
     "dangling-ref": (_dangling_ref, "openapi.yaml", "dangling reference '#/components/schemas/NoSuchSchema'"),
     "rpc-without-rest": (_rpc_without_rest, "openapi.yaml", "RPC ServerPing has no REST operation"),

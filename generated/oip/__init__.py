@@ -10,7 +10,7 @@ protobuf messages and back). The package imports its own modules relatively and 
 be vendored under any name.
 """
 
-SPEC_SHA256 = 'd5bc32dbdb20a9d8abf614e1065987cd9708824ba3a7580ea082a789a6d908bf'
+SPEC_SHA256 = '3ed992576d585ba08aae18b2b423fec963f1ebcafdf844a22d59a7c2cf931a45'
 GENERATOR = 'oipgen 0.1.0'
 GENERATOR_VERSION = '0.1.0'
 PROTO_PACKAGE = 'inference'

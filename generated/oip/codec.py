@@ -39,6 +39,7 @@ __all__ = [
     "CodecError",
     "datatype_info",
     "datatype_of",
+    "describe",
     "dtype_of",
     "element_count",
     "from_contents",
@@ -170,7 +171,7 @@ _JSON_KINDS: Final = (
 )
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
     """A value for an error message, named as JSON would name it."""
     if isinstance(value, _BOOLS):
         return "true" if value else "false"
@@ -351,18 +352,18 @@ def _from_leaves(
     if family == "bool":
         for i, value in enumerate(leaves):
             if not isinstance(value, _BOOLS):
-                _fail(name, f"BOOL element {i} must be a boolean (true/false), got {_describe(value)}")
+                _fail(name, f"BOOL element {i} must be a boolean (true/false), got {describe(value)}")
         values = leaves
     elif family == "int":
         low, high = _INT_RANGE[info.name]
         values = []
         for i, value in enumerate(leaves):
             if isinstance(value, _BOOLS) or not isinstance(value, _NUMBERS):
-                _fail(name, f"{info.name} element {i} must be an integer, got {_describe(value)}")
+                _fail(name, f"{info.name} element {i} must be an integer, got {describe(value)}")
             number = value
             if not isinstance(value, _INTS):  # a JSON number with a fraction: fine when it is whole (1.0 is 1)
                 if not float(value).is_integer():
-                    _fail(name, f"{info.name} element {i} must be an integer, got {_describe(value)}")
+                    _fail(name, f"{info.name} element {i} must be an integer, got {describe(value)}")
                 number = int(value)
             if not low <= number <= high:
                 _fail(name, f"{info.name} element {i} is out of range [{low}, {high}]: {value}")
@@ -371,7 +372,7 @@ def _from_leaves(
         values = []
         for i, value in enumerate(leaves):
             if isinstance(value, _BOOLS) or not isinstance(value, _NUMBERS):
-                _fail(name, f"{info.name} element {i} must be a number, got {_describe(value)}")
+                _fail(name, f"{info.name} element {i} must be a number, got {describe(value)}")
             try:
                 values.append(float(value))
             except OverflowError:
@@ -406,7 +407,7 @@ def _bytes_from_python(leaves: list[Any], dims: tuple[int, ...], count: int, nam
         elif isinstance(value, bytes | bytearray | memoryview):
             items.append(bytes(value))
         else:
-            _fail(name, f"BYTES element {i} must be a string, got {_describe(value)}")
+            _fail(name, f"BYTES element {i} must be a string, got {describe(value)}")
     return _object_array(items, dims, name)
 
 
@@ -549,7 +550,7 @@ def _as_bytes(value: Any, index: int, name: str) -> bytes:
             _fail(name, f"BYTES element {index} is not valid Unicode (a lone surrogate)")
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
-    _fail(name, f"BYTES element {index} must be bytes or str, got {_describe(value)}")
+    _fail(name, f"BYTES element {index} must be bytes or str, got {describe(value)}")
 
 
 def _bytes_list(arr: Array, name: str) -> list[bytes]:

@@ -9,8 +9,9 @@ models the cases run against (`MODELS`): a server under test must serve those mo
 ready. Each case is sent as written, over REST (httpx) and over gRPC (this package's own stubs), and the answer is
 compared by the rules of spec/examples/models.yaml:
 
-- REST: the status code must be equal. `{"error": True}` as the expected body means "an Error body", a JSON
-  object whose only key is `error`, a string. No expected body means an empty body. Otherwise the bodies must be
+- REST: the status code must be equal. `events: [...]` expects a `text/event-stream` answer whose `data:`
+  events are those JSON values, in order (compared as bodies are). `{"error": True}` as the expected body means
+  "an Error body", a JSON object whose only key is `error`, a string. No expected body means an empty body. Otherwise the bodies must be
   equal as JSON values: numbers by value (2 equals 2.0) but a boolean never equals a number, object key order does
   not matter, a missing key differs from any value (an empty `reason` must be omitted, not sent as "").
 - gRPC: the status code must be equal; on success the response message must equal the expected one (both printed
@@ -224,7 +225,8 @@ class Result:
 _DATA: Final[dict[str, Any]] = json.loads(Path(__file__).with_name("conformance.json").read_text(encoding="utf-8"))
 
 # The example models every case runs against (spec/examples/models.yaml): name, summary, platform, behaviour
-# (identity or add_sub), versions, inputs and outputs as {name, datatype, shape} (-1: variable dimension).
+# (identity, add_sub or words), versions, inputs and outputs as {name, datatype, shape} (-1: variable dimension),
+# and `decoupled: True` for a model that may answer a request any number of times.
 MODELS: tuple[dict[str, Any], ...] = tuple(_DATA["models"])
 
 CASES: tuple[Case, ...] = tuple(
@@ -318,6 +320,28 @@ def _compare_body(spec: dict[str, Any], compare: str | None, body: bytes) -> lis
     return compare_json(expected, actual)
 
 
+def _compare_events(expected: list[Any], answer: httpx.Response) -> list[str]:
+    """The differences between a server-sent events answer and the expected `data` of its events."""
+    kind = answer.headers.get("content-type", "")
+    if not kind.startswith("text/event-stream"):
+        return [f"expected a text/event-stream answer, got {kind or 'no content type'}"]
+    events: list[Any] = []
+    data: list[str] = []
+    for line in answer.text.splitlines():
+        if not line:
+            if data:
+                try:
+                    events.append(json.loads("\n".join(data)))
+                except ValueError:
+                    return [f"event {len(events)} is not JSON: {_show(chr(10).join(data))}"]
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        return [f"the last event is not ended by a blank line: {_show(chr(10).join(data))}"]
+    return compare_json(expected, events, "events")
+
+
 def compare_keys(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
     problems = [f"missing key {key!r}" for key in expected if key not in actual]
     return problems + [f"unexpected key {key!r}" for key in actual if key not in expected]
@@ -346,7 +370,10 @@ def _run_rest(client: httpx.Client, case: Case) -> Result:
     problems = []
     if answer.status_code != spec["status"]:
         problems.append(f"status {answer.status_code}, expected {spec['status']}")
-    problems += _compare_body(spec, case.compare, answer.content)
+    if "events" in spec:
+        problems += _compare_events(spec["events"], answer)
+    else:
+        problems += _compare_body(spec, case.compare, answer.content)
     if problems:
         return Result(case.name, "rest", "fail", _summarize(problems), shown)
     return Result(case.name, "rest", "pass", response=shown)

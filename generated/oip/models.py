@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Dict, Union
+from typing import Annotated, Any, Dict, Union
 
 from ._base import OipModel
 from pydantic import ConfigDict, Field
@@ -458,6 +458,25 @@ class ModelConfig(OipModel):
 
 class ModelConfigResponse(ModelConfig):
     pass
+
+
+class GenerateRequest(OipModel):
+    model_config = ConfigDict(
+        extra='allow',
+    )
+    id: Annotated[str | None, Field(description='Optional request id, echoed in each answer when not empty.')] = None
+    parameters: Annotated[
+        dict[str, Any] | None, Field(description='More inputs or parameters, read as the top-level keys are.')
+    ] = None
+
+
+class GenerateResponse(OipModel):
+    model_config = ConfigDict(
+        extra='allow',
+    )
+    model_name: str
+    model_version: str
+    id: Annotated[str | None, Field(description='The request id, when the request had a non-empty one.')] = None
 
 
 class SystemSharedMemoryRegionStatus(OipModel):

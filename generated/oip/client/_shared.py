@@ -10,11 +10,12 @@ import base64
 from collections.abc import Mapping
 from typing import Any, TypeAlias, TypeVar
 
+import orjson
 from google.protobuf.message import Message
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .. import convert
-from .errors import InvalidArgument, ResponseError
+from .errors import InvalidArgument, ResponseError, ServerError
 
 Headers: TypeAlias = Mapping[str, str]
 """HTTP headers (REST) or call metadata (gRPC, keys lower-cased)."""
@@ -143,3 +144,37 @@ def with_defaults(out: Any, message: Any) -> None:
                 out[name] = ""
             else:
                 out[name] = value  # the default: 0, 0.0, False or ""
+
+
+class EventReader:
+    """Server-sent events, line by line (the lines of a `text/event-stream` body, without their line ends):
+    `feed` returns the data of the event that a blank line completes, else None. Comments and fields other than
+    `data` are skipped; an event cut off by the end of the body is dropped, as the format says."""
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        if not line:
+            if not self._data:
+                return None
+            data, self._data = "\n".join(self._data), []
+            return data
+        field, _, value = line.partition(":")
+        if field == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None
+
+
+def event_answer(data: str, status: int) -> dict[str, Any]:
+    """One event of a generate stream as a JSON object; an `{"error": ...}` event raises ServerError."""
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ResponseError(f"an event of the server's stream is not JSON: {exc}", status=status) from None
+    if not isinstance(answer, dict):
+        raise ResponseError(f"an event of the server's stream is not a JSON object: {data[:200]}", status=status)
+    error = answer.get("error")
+    if isinstance(error, str) and len(answer) == 1:
+        raise ServerError(error, status=status)
+    return answer

@@ -36,7 +36,7 @@ from .. import convert, models
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc
 from ._shared import Headers, b64, body, complete, merge, validated, validated_list
-from .errors import InvalidArgument, OipClientError, ResponseError, from_grpc
+from .errors import InvalidArgument, OipClientError, ResponseError, Unimplemented, from_grpc
 from .tensors import (
     CONTENTS,
     NONE,
@@ -95,6 +95,18 @@ through protobuf, which is faster for them."""
 _RepositoryIndexResponse: Final = TypeAdapter(list[models.ModelIndex])
 _SystemSharedMemoryStatusResponse: Final = TypeAdapter(list[models.SystemSharedMemoryRegionStatus])
 _CudaSharedMemoryStatusResponse: Final = TypeAdapter(list[models.CudaSharedMemoryRegionStatus])
+# The operations without a gRPC form, and why.
+_REST_ONLY: Final = {
+    'Generate': (
+        "Generate has no gRPC form: Triton's generate extension is REST only: a flat JSON form of "
+        "one inference, whose request keys are read against the model's metadata; gRPC clients use "
+        'ModelInfer.'
+    ),
+    'GenerateStream': (
+        "GenerateStream has no gRPC form: Triton's generate extension is REST only: the responses "
+        'of a decoupled model as server-sent events; gRPC clients use ModelStreamInfer.'
+    ),
+}
 
 
 def _channel_options(
@@ -732,6 +744,34 @@ class GrpcClient(_GrpcBase):
         request = pb_grpc_service.CudaSharedMemoryUnregisterRequest(name=region)
         self._call(self._stub.CudaSharedMemoryUnregister, request, headers, timeout)
 
+    def generate(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Raises Unimplemented: Triton's generate extension is REST only: a flat JSON form of one inference, whose
+        request keys are read against the model's metadata; gRPC clients use ModelInfer. Use the REST client."""
+        raise Unimplemented(_REST_ONLY['Generate'])
+
+    def generate_stream(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """Raises Unimplemented: Triton's generate extension is REST only: the responses of a decoupled model as
+        server-sent events; gRPC clients use ModelStreamInfer. Use the REST client."""
+        raise Unimplemented(_REST_ONLY['GenerateStream'])
+
 
 class AsyncGrpcClient(_GrpcBase):
     """An asyncio gRPC client of an Open Inference Protocol server (grpc.aio, `inference.GRPCInferenceService`).
@@ -1116,3 +1156,31 @@ class AsyncGrpcClient(_GrpcBase):
         """Unregister one CUDA shared-memory region, or all of them."""
         request = pb_grpc_service.CudaSharedMemoryUnregisterRequest(name=region)
         await self._call(self._stub.CudaSharedMemoryUnregister, request, headers, timeout)
+
+    async def generate(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Raises Unimplemented: Triton's generate extension is REST only: a flat JSON form of one inference, whose
+        request keys are read against the model's metadata; gRPC clients use ModelInfer. Use the REST client."""
+        raise Unimplemented(_REST_ONLY['Generate'])
+
+    def generate_stream(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Raises Unimplemented: Triton's generate extension is REST only: the responses of a decoupled model as
+        server-sent events; gRPC clients use ModelStreamInfer. Use the REST client."""
+        raise Unimplemented(_REST_ONLY['GenerateStream'])

@@ -7,7 +7,8 @@
 One method per operation of the spec, with the same names, arguments and results as the gRPC clients
 (`client.grpc`): health, metadata, model repository, configuration, statistics and shared memory operations
 return the pydantic models of their REST bodies (`models`), or None for empty answers; `infer` takes numpy arrays
-and returns an `InferResult`. A method picks the REST endpoint its arguments call for (the versioned path when
+and returns an `InferResult`; the operations that only REST has (Triton's generate extension) take and return
+plain JSON (`generate_stream` iterates over the server-sent answers). A method picks the REST endpoint its arguments call for (the versioned path when
 a version is given). Errors are `errors.OipClientError` subclasses, the same as over gRPC.
 
 Inference sends JSON, or JSON plus binary tensor data when the server lists the `binary_tensor_data` extension
@@ -28,7 +29,18 @@ import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from .. import models
-from ._shared import Headers, b64, body, from_rest, given, merge, validated, validated_list
+from ._shared import (
+    EventReader,
+    Headers,
+    b64,
+    body,
+    event_answer,
+    from_rest,
+    given,
+    merge,
+    validated,
+    validated_list,
+)
 from .errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -56,6 +68,7 @@ __all__ = ["AsyncRestClient", "RestClient"]
 
 _DEFAULT_HEADERS: Final = {"Accept-Encoding": "identity"}  # compressing tensors costs more than it saves on a LAN
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
+_EVENT_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _NOT_READY: Final = (400, 503)  # the statuses of a health answer that says "no" (Triton: 400 with no body)
 # The operations without a REST form, and why.
 _GRPC_ONLY: Final = {
@@ -560,6 +573,80 @@ class RestClient(_RestBase):
         response = self._send(method, path, content, headers, timeout)
         _check(response)
 
+    def generate(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Triton's generate extension is REST only: a flat JSON form of one inference, whose request keys are read
+        against the model's metadata; gRPC clients use ModelInfer.
+
+        The JSON body is `request` updated with `fields` (keyword arguments: `text_input="..."`, model inputs by
+        name, parameters); `request` carries keys that are not Python names or that clash with the arguments.
+        Returns the answer, a dict.
+        """
+        if version:
+            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate'
+        else:
+            method, path = 'POST', f'/v2/models/{_q(model)}/generate'
+        content = orjson.dumps({**(request or {}), **fields})
+        answer = _load(self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout))
+        if not isinstance(answer, dict):
+            raise ResponseError(f"the server's answer is not a JSON object: {str(answer)[:200]}", status=200)
+        return answer
+
+    def generate_stream(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """Triton's generate extension is REST only: the responses of a decoupled model as server-sent events; gRPC
+        clients use ModelStreamInfer.
+
+        The JSON body is `request` updated with `fields` (keyword arguments: `text_input="..."`, model inputs by
+        name, parameters); `request` carries keys that are not Python names or that clash with the arguments.
+        Yields each answer (a dict) as the server sends it; the request is sent when iteration starts. An error
+        before the first answer raises as any request does; an error event after it raises ServerError.
+        """
+        if version:
+            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate_stream'
+        else:
+            method, path = 'POST', f'/v2/models/{_q(model)}/generate_stream'
+        content = orjson.dumps({**(request or {}), **fields})
+        return self._events(method, path, content, headers, timeout)
+
+    def _events(
+        self, method: str, path: str, content: bytes, headers: Headers | None, timeout: float | None
+    ) -> Iterator[dict[str, Any]]:
+        """The answers of a server-sent events stream, as they come."""
+        reader = EventReader()
+        try:
+            with self._http.stream(
+                method, path, content=content, headers=merge(_EVENT_HEADERS, headers), timeout=_timeout(timeout)
+            ) as response:
+                if response.status_code != 200:
+                    raise from_http(response.status_code, response.read())
+                for line in response.iter_lines():
+                    data = reader.feed(line)
+                    if data is not None:
+                        yield event_answer(data, response.status_code)
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise Unavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:
+            raise OipClientError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
+
 
 class AsyncRestClient(_RestBase):
     """An asyncio REST client of an Open Inference Protocol server (httpx.AsyncClient).
@@ -976,3 +1063,77 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         _check(response)
+
+    async def generate(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Triton's generate extension is REST only: a flat JSON form of one inference, whose request keys are read
+        against the model's metadata; gRPC clients use ModelInfer.
+
+        The JSON body is `request` updated with `fields` (keyword arguments: `text_input="..."`, model inputs by
+        name, parameters); `request` carries keys that are not Python names or that clash with the arguments.
+        Returns the answer, a dict.
+        """
+        if version:
+            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate'
+        else:
+            method, path = 'POST', f'/v2/models/{_q(model)}/generate'
+        content = orjson.dumps({**(request or {}), **fields})
+        answer = _load(await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout))
+        if not isinstance(answer, dict):
+            raise ResponseError(f"the server's answer is not a JSON object: {str(answer)[:200]}", status=200)
+        return answer
+
+    def generate_stream(
+        self,
+        model: str,
+        version: str = "",
+        *,
+        request: Mapping[str, Any] | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Triton's generate extension is REST only: the responses of a decoupled model as server-sent events; gRPC
+        clients use ModelStreamInfer.
+
+        The JSON body is `request` updated with `fields` (keyword arguments: `text_input="..."`, model inputs by
+        name, parameters); `request` carries keys that are not Python names or that clash with the arguments.
+        Yields each answer (a dict) as the server sends it; the request is sent when iteration starts. An error
+        before the first answer raises as any request does; an error event after it raises ServerError.
+        """
+        if version:
+            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate_stream'
+        else:
+            method, path = 'POST', f'/v2/models/{_q(model)}/generate_stream'
+        content = orjson.dumps({**(request or {}), **fields})
+        return self._events(method, path, content, headers, timeout)
+
+    async def _events(
+        self, method: str, path: str, content: bytes, headers: Headers | None, timeout: float | None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The answers of a server-sent events stream, as they come."""
+        reader = EventReader()
+        try:
+            async with self._http.stream(
+                method, path, content=content, headers=merge(_EVENT_HEADERS, headers), timeout=_timeout(timeout)
+            ) as response:
+                if response.status_code != 200:
+                    raise from_http(response.status_code, await response.aread())
+                async for line in response.aiter_lines():
+                    data = reader.feed(line)
+                    if data is not None:
+                        yield event_answer(data, response.status_code)
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise Unavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:
+            raise OipClientError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc

@@ -28,8 +28,11 @@ parameter keys (`triton_*`, `classification`, `binary_data_output`).
 Streaming (`model_stream_infer`, see `streaming`): the requests of a stream run concurrently; a model that is not
 decoupled answers each with one response, in request order; a decoupled model (`Model.decoupled`, its `infer` a
 generator) answers with any number of responses, each flagged `triton_final_response` as Triton flags them. A
-decoupled model over ModelInfer or REST is UNIMPLEMENTED, as in Triton. System shared memory (`shared_memory`):
-register, unregister and status of regions, inputs read from and outputs written to them by tensor parameters.
+decoupled model over ModelInfer or REST infer is UNIMPLEMENTED, as in Triton. Triton's generate extension
+(`generate`, `generate_stream`; REST only): a flat JSON request read against the model's metadata (`generate`)
+runs as a stream request does, and each response becomes a flat JSON answer; `generate` needs exactly one.
+System shared memory (`shared_memory`): register, unregister and status of regions, inputs read from and outputs
+written to them by tensor parameters.
 Dynamic batching (`batching`): requests to a model that declares it share model calls.
 """
 
@@ -50,6 +53,7 @@ import numpy.typing as npt
 from .. import datatypes, extensions
 from ..grpc import grpc_service_pb2 as pb
 from ..grpc import model_config_pb2 as pb_config
+from . import generate
 from .batching import Batcher, is_batching
 from .dataplane_base import DataPlaneBase
 from .errors import InvalidRequest, ModelFailure, NotReady, OipError, Unimplemented
@@ -342,6 +346,39 @@ class DataPlane(DataPlaneBase):
         )
         if empty_final:
             yield final_response(request, model.version)
+
+    # --- Triton's generate extension (REST only; see `generate`) -------------------------------------------
+
+    async def generate(self, path: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        """The one answer of the model to a generate request, as flat JSON; InvalidRequest when the model
+        answers with no response or with several (a decoupled model: use `generate_stream`)."""
+        answers = [answer async for answer in self._generate(path, body)]
+        if len(answers) != 1:
+            raise InvalidRequest(
+                f"generate expects model to produce exactly 1 response, got {len(answers)}; use generate_stream "
+                "for a model that answers with any number of responses"
+            )
+        return answers[0]
+
+    def generate_stream(self, path: dict[str, str], body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Each response of the model to a generate request as flat JSON, as the model produces it (closing the
+        iterator stops the model's generator)."""
+        return self._generate(path, body)
+
+    async def _generate(self, path: dict[str, str], body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        name, version = path.get("model_name", ""), path.get("model_version", "")
+        model = self.repository.get(name, version)
+        shapes = {spec.name: declared_shape(model, spec) for spec in model.inputs}
+        request = generate.request(model, shapes, body, model_name=name, model_version=version,
+                                   max_elements=self.settings.max_tensor_elements)
+        responses = self._stream_answer(request).run()
+        try:
+            async for response in responses:
+                yield generate.answer(response)
+        finally:
+            aclose = getattr(responses, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     # --- shared memory of inference tensors ---------------------------------------------------------------
 

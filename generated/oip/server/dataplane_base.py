@@ -6,7 +6,9 @@
 
 Each answers UNIMPLEMENTED until `DataPlane` (dataplane.py) implements it, so an operation added to the spec
 gets a REST route and a gRPC method at once, both answering 501 / UNIMPLEMENTED. Operations take and return the
-protobuf messages of the operation, except inference, which works on numpy tensors (`types`).
+protobuf messages of the operation, except inference, which works on numpy tensors (`types`), and the operations
+that only REST has, which take the path fields and the JSON body and answer plain JSON (an iterator of JSON
+answers when REST sends them as server-sent events).
 
 `disable_extensions` switches extensions off: every operation an extension left out owns (`extensions.OPERATIONS`)
 then answers UNIMPLEMENTED on both transports, whatever the subclass implements.
@@ -119,6 +121,16 @@ class DataPlaneBase:
     async def cuda_shared_memory_unregister(self, request: pb_grpc_service.CudaSharedMemoryUnregisterRequest) -> pb_grpc_service.CudaSharedMemoryUnregisterResponse:
         """Unregister one CUDA shared-memory region, or all of them."""
         raise Unimplemented("CudaSharedMemoryUnregister is not implemented by this server")
+
+    async def generate(self, path: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        """Generate (REST only). Triton's generate extension is REST only: a flat JSON form of one inference, whose
+        request keys are read against the model's metadata; gRPC clients use ModelInfer."""
+        raise Unimplemented("Generate is not implemented by this server")
+
+    def generate_stream(self, path: dict[str, str], body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """GenerateStream (REST only). Triton's generate extension is REST only: the responses of a decoupled model
+        as server-sent events; gRPC clients use ModelStreamInfer."""
+        raise Unimplemented("GenerateStream is not implemented by this server")
 
 
 def _disabled(operation: str, message: str) -> Callable[..., Any]:

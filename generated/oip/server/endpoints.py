@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 
-__all__ = ["ENDPOINTS", "MODEL_METADATA_REQUEST", "Endpoint"]
+__all__ = ["ENDPOINTS", "MODEL_METADATA_REQUEST", "REST_ONLY_ENDPOINTS", "Endpoint", "RestOnlyEndpoint"]
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -387,6 +387,50 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         rest_only=(),
         health=None,
         print_defaults=False,
+    ),
+)
+
+
+
+@dataclass(frozen=True, slots=True)
+class RestOnlyEndpoint:
+    """One REST operation of the spec that has no gRPC form: plain JSON in, plain JSON (or events) out."""
+
+    operation: str  # the data plane method
+    method: str
+    path: str
+    params: tuple[tuple[str, str], ...]  # (path variable, request key it fills)
+    events: bool  # the answer is a stream of server-sent events
+
+
+REST_ONLY_ENDPOINTS: Final[tuple[RestOnlyEndpoint, ...]] = (
+    RestOnlyEndpoint(
+        operation='generate',
+        method='POST',
+        path='/v2/models/{model_name}/generate',
+        params=(('model_name', 'model_name'),),
+        events=False,
+    ),
+    RestOnlyEndpoint(
+        operation='generate',
+        method='POST',
+        path='/v2/models/{model_name}/versions/{model_version}/generate',
+        params=(('model_name', 'model_name'), ('model_version', 'model_version'),),
+        events=False,
+    ),
+    RestOnlyEndpoint(
+        operation='generate_stream',
+        method='POST',
+        path='/v2/models/{model_name}/generate_stream',
+        params=(('model_name', 'model_name'),),
+        events=True,
+    ),
+    RestOnlyEndpoint(
+        operation='generate_stream',
+        method='POST',
+        path='/v2/models/{model_name}/versions/{model_version}/generate_stream',
+        params=(('model_name', 'model_name'), ('model_version', 'model_version'),),
+        events=True,
     ),
 )
 

@@ -14,6 +14,10 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
   are written as JSON `data` (orjson writes numpy arrays directly) or as binary data after the JSON header
   (`binary_data` per requested output; `binary_data_output` for the outputs the request does not list, as
   Triton does).
+- Operations that only REST has (Triton's generate extension): the JSON body must be an object without repeated
+  keys; the data plane gets the path fields and the body and answers plain JSON, or an iterator of JSON answers
+  sent as server-sent events (`data: <json>`). An error before the first event is an ordinary error answer; after
+  it, a last event `data: {"error": "<message>"}`.
 - Every error has one shape, `{"error": "<message>"}`: the data plane's errors by kind, undecodable bodies
   400, unknown paths 404, wrong methods 405, bodies over `Settings.max_request_bytes` 413, anything
   unexpected 500 (logged here, never sent with a traceback).
@@ -21,10 +25,11 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -35,24 +40,25 @@ from fastapi.exceptions import RequestValidationError
 from google.protobuf.message import Message
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .. import codec, convert, datatypes, extensions
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
-from .endpoints import ENDPOINTS, MODEL_METADATA_REQUEST, Endpoint
+from .endpoints import ENDPOINTS, MODEL_METADATA_REQUEST, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
 from .openapi import DOCUMENT
 from .settings import Settings
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
-__all__ = ["ENDPOINTS", "Endpoint", "OipApp", "create_app"]
+__all__ = ["ENDPOINTS", "REST_ONLY_ENDPOINTS", "Endpoint", "OipApp", "RestOnlyEndpoint", "create_app"]
 
 log = logging.getLogger(__name__)
 
 HEADER_LENGTH: Final = "inference-header-content-length"
 """The binary tensor data extension's header: the byte length of the JSON part of the body."""
 _JSON: Final = "application/json"
+_EVENTS: Final = "text/event-stream; charset=utf-8"
 _BINARY: Final = "application/octet-stream"
 # Keys of the binary tensor data extension (`extensions`): REST encoding only, so the data plane never sees them.
 _BINARY_OUTPUT: Final = extensions.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
@@ -132,8 +138,11 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     app.add_exception_handler(OipError, http_error)
     app.add_exception_handler(Exception, http_error)
 
-    for endpoint in sorted(ENDPOINTS, key=_route_order):
-        if endpoint.operation in TENSOR_OPERATIONS:
+    every: list[Endpoint | RestOnlyEndpoint] = [*ENDPOINTS, *REST_ONLY_ENDPOINTS]
+    for endpoint in sorted(every, key=_route_order):
+        if isinstance(endpoint, RestOnlyEndpoint):
+            handler = _json_handler(dataplane, settings, endpoint)
+        elif endpoint.operation in TENSOR_OPERATIONS:
             handler = _tensor_handler(dataplane, settings, endpoint)
             app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
         else:
@@ -142,7 +151,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     return app
 
 
-def _route_order(endpoint: Endpoint) -> list[tuple[bool, str]]:
+def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:
     """Literal path segments before templated ones (`/v2/models/stats` before `/v2/models/{model_name}`)."""
     return [(segment.startswith("{"), segment) for segment in endpoint.path.split("/")]
 
@@ -260,6 +269,93 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
             return _error_response(exc, settings)
 
     return handle
+
+
+# --- operations that only REST has -----------------------------------------------------------------------------
+
+
+def _json_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnlyEndpoint) -> Handler:
+    call: Callable[[dict[str, str], dict[str, Any]], Any] = getattr(dataplane, endpoint.operation)
+
+    async def handle(request: Request) -> Response:
+        try:
+            fields = {field: request.path_params[name] for name, field in endpoint.params}
+            raw = await _read_body(request, settings.max_request_bytes)
+            body = _json_object(raw) if raw.strip() else {}
+            if not endpoint.events:
+                return _json(await call(fields, body))
+            answers: AsyncIterator[dict[str, Any]] = call(fields, body)
+            try:
+                first = await anext(answers)
+            except StopAsyncIteration:
+                return Response(b"", media_type=_EVENTS)
+            except BaseException:
+                await _close(answers)
+                raise
+            return StreamingResponse(_events(first, answers, settings), media_type=_EVENTS)
+        except Exception as exc:
+            return _error_response(exc, settings)
+
+    return handle
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """The request body: a JSON object in which no key appears twice (the generate extension reads every key)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise InvalidRequest(f"key '{key}' appears more than once in the request body")
+            out[key] = value
+        return out
+
+    try:
+        doc = json.loads(raw, object_pairs_hook=pairs)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, OipError):
+            raise
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"the request body must be a JSON object, got {_kind(doc)}")
+    return doc
+
+
+async def _events(
+    first: dict[str, Any], answers: AsyncIterator[dict[str, Any]], settings: Settings
+) -> AsyncIterator[bytes]:
+    """Server-sent events: one `data:` event per answer; an error ends the stream with an `error` event."""
+    try:
+        yield _event(first)
+        try:
+            async for answer in answers:
+                yield _event(answer)
+        except Exception as exc:
+            message = _error_message(exc)
+            yield _event({"error": message})
+    finally:
+        await _close(answers)
+
+
+def _event(answer: dict[str, Any]) -> bytes:
+    try:
+        data = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:
+        data = orjson.dumps({"error": f"the model's response cannot be written as JSON: {exc}"})
+    return b"data: " + data + b"\n\n"
+
+
+def _error_message(exc: BaseException) -> str:
+    if isinstance(exc, OipError):
+        return exc.message
+    log.error("unexpected error while streaming a REST answer", exc_info=exc)
+    return f"internal server error ({type(exc).__name__})"
+
+
+async def _close(answers: AsyncIterator[Any]) -> None:
+    aclose = getattr(answers, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _with_defaults(out: Any, message: Any) -> None:
