@@ -21,8 +21,8 @@ order, one at a time per model version, as Triton's dynamic batcher does with on
   batch's row count fails every request of the batch (model failure), as does an exception in the model.
 
 Each request then goes on through the data plane like any other: its requested outputs, their order and their
-parameters (shared memory, classification, binary data) apply to its own rows. Statistics count one execution per
-model call (with the batch size) and one request per request (with its queue time).
+parameters (shared memory, classification, binary data) apply to its own rows. Each model call is reported as one
+execution (with the batch size, `timing.ExecutionRecord`); each request as usual, with its queue time.
 """
 
 from __future__ import annotations
@@ -34,15 +34,16 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from .errors import ModelFailure
 from .model import Model
+from .timing import ExecutionRecord
 
-__all__ = ["Batcher", "StatsRecorder", "batch_key", "batch_rows", "is_batching"]
+__all__ = ["Batcher", "Report", "RunModel", "batch_key", "batch_rows", "is_batching"]
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,9 @@ BatchResult = tuple[dict[str, Any], dict[str, Any]]  # (outputs of one request, 
 _NS_PER_US: Final = 1000
 
 RunModel = Callable[[Model, Arrays, dict[str, Any]], Awaitable[tuple[Any, int, int]]]
-"""How the batcher calls the model (`DataPlane.run_model`): the result, and when the call started and ended."""
-
-
-class StatsRecorder(Protocol):
-    """What the batcher reports to (`statistics.ModelStats`)."""
-
-    def record_execution(
-        self, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
-    ) -> None: ...
+"""How the batcher calls the model (`Pipeline.run`): the result, and when the call started and ended."""
+Report = Callable[[ExecutionRecord], None]
+"""Where the batcher reports each model run (`Pipeline` passes it to the observers)."""
 
 
 def is_batching(model: Model) -> bool:
@@ -109,7 +104,6 @@ class _Queue:
 
     model: Model
     run: RunModel
-    stats: StatsRecorder | None
     pending: deque[_Entry] = field(default_factory=deque)
     arrival: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -118,12 +112,12 @@ class _Queue:
 class Batcher:
     """The dynamic batching queues of the models being served (one per model version)."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: Report | None = None) -> None:
         self._queues: dict[int, _Queue] = {}
+        self._report = report
 
     async def infer(
-        self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunModel,
-        stats: StatsRecorder | None = None,
+        self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunModel
     ) -> tuple[BatchResult, int, int, int]:
         """This request's share of a batched call, `(outputs, response parameters)`, and when (in
         `time.perf_counter_ns`) its batch was formed, the model started and the model ended. `inputs` are
@@ -140,7 +134,7 @@ class Batcher:
         )
         queue = self._queues.get(id(model))
         if queue is None or queue.model is not model:
-            queue = self._queues[id(model)] = _Queue(model, run, stats)
+            queue = self._queues[id(model)] = _Queue(model, run)
         queue.pending.append(entry)
         queue.arrival.set()
         if queue.task is None or queue.task.done():
@@ -217,8 +211,10 @@ class Batcher:
             if not isinstance(exc, Exception):
                 raise
             return
-        if queue.stats is not None:
-            queue.stats.record_execution(rows, run_start - start, run_end - run_start, done - run_end)
+        if self._report is not None:
+            self._report(
+                ExecutionRecord(model.name, model.version, rows, run_start - start, run_end - run_start, done - run_end)
+            )
         for entry, share in zip(batch, shares, strict=True):
             if not entry.future.done():
                 entry.future.set_result((share, start, run_start, run_end))

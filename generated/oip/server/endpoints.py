@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 
-__all__ = ["ENDPOINTS", "MODEL_METADATA_REQUEST", "REST_ONLY_ENDPOINTS", "Endpoint", "RestOnlyEndpoint"]
+__all__ = ["ENDPOINTS", "REST_ONLY_ENDPOINTS", "Endpoint", "RestOnlyEndpoint"]
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -433,6 +433,3 @@ REST_ONLY_ENDPOINTS: Final[tuple[RestOnlyEndpoint, ...]] = (
         events=True,
     ),
 )
-
-# The model metadata request (a raw binary inference body takes its input's shape from the metadata).
-MODEL_METADATA_REQUEST: Final = pb_grpc_service.ModelMetadataRequest

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ import numpy.typing as npt
 
 from .. import datatypes
 
-__all__ = ["DynamicBatching", "InferResult", "Model", "TensorSpec", "check_model", "run_hook"]
+__all__ = ["DynamicBatching", "InferResult", "Model", "TensorSpec", "call_hook", "check_model"]
 
 InferResult: TypeAlias = (
     Mapping[str, npt.ArrayLike] | tuple[Mapping[str, npt.ArrayLike], Mapping[str, bool | int | float | str]]
@@ -139,12 +140,6 @@ class TensorSpec:
                 )
             return cls(value.get("name", ""), value.get("datatype", ""), value.get("shape", ()), value.get("labels"))
         raise ValueError(f"a tensor is a TensorSpec or a mapping of name, datatype and shape, got {value!r}")
-
-    def matches(self, shape: Sequence[int]) -> bool:
-        """Whether a tensor of `shape` fits this declaration: same rank, equal dimensions except -1."""
-        if len(shape) != len(self.shape):
-            return False
-        return all(d == -1 or d == s for d, s in zip(self.shape, shape, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,11 +298,29 @@ def _check_batching(model: Model) -> None:
             )
 
 
-async def run_hook(hook: Callable[..., Any], *args: Any) -> Any:
-    """Call a model hook: a coroutine function on the event loop, anything else in a worker thread."""
+async def call_hook(
+    hook: Callable[..., Any], *args: Any, on_start: Callable[[int], object] | None = None
+) -> tuple[Any, int, int]:
+    """Call a model hook (`load`, `unload`, `infer`): a coroutine function on the event loop, anything else in a
+    worker thread. What it returned, and when it started and ended (`time.perf_counter_ns`; the wait for a worker
+    thread comes before the start). `on_start` is told the start as it happens (in the worker thread for a plain
+    hook), so that it is known even when the hook fails."""
     if inspect.iscoroutinefunction(hook):
-        return await hook(*args)
-    result = await asyncio.to_thread(hook, *args)
-    if inspect.isawaitable(result):  # a plain function that returned an awaitable
-        result = await result
-    return result
+        started = time.perf_counter_ns()
+        if on_start is not None:
+            on_start(started)
+        result = await hook(*args)
+    else:
+        marks: list[int] = []
+
+        def call() -> Any:
+            marks.append(time.perf_counter_ns())
+            if on_start is not None:
+                on_start(marks[0])
+            return hook(*args)
+
+        result = await asyncio.to_thread(call)
+        started = marks[0]
+        if inspect.isawaitable(result):  # a plain function that returned an awaitable
+            result = await result
+    return result, started, time.perf_counter_ns()

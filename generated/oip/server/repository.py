@@ -51,7 +51,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from .errors import ModelFailure, NotFound, NotReady, OipError
-from .model import DynamicBatching, Model, check_model, run_hook
+from .model import DynamicBatching, Model, call_hook, check_model
 
 __all__ = ["MODEL_FILE", "ModelRepository", "ModelState", "ModelStatus", "version_key"]
 
@@ -318,7 +318,7 @@ class ModelRepository:
     @staticmethod
     async def _load_instance(record: _Record, model: Model) -> str:
         try:
-            await run_hook(model.load)
+            await call_hook(model.load)
             check_model(model)
         except Exception as exc:
             log.debug("model '%s' load() failed", record.name, exc_info=True)
@@ -419,7 +419,7 @@ class ModelRepository:
             event = self._drained.setdefault(key, asyncio.Event())
             await event.wait()
         try:
-            await run_hook(model.unload)
+            await call_hook(model.unload)
         except Exception:
             log.exception("model '%s' version %s: unload() failed", model.name, model.version)
         log.info("model '%s' version %s is unloaded", model.name, model.version)

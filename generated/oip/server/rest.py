@@ -45,7 +45,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import codec, convert, datatypes, extensions
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
-from .endpoints import ENDPOINTS, MODEL_METADATA_REQUEST, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
+from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
 from .openapi import DOCUMENT
 from .settings import Settings
@@ -408,8 +408,9 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
                 raise Unimplemented(_NO_BINARY)
             fields = {field: request.path_params[name] for name, field in endpoint.params}
             if header_length is not None and header_length.strip() == "0":
-                # The whole body is the data of the model's single input; every output comes back binary.
-                infer_request = await raw_binary_request(dataplane, raw, settings, **fields)
+                # The whole body is the data of the model's single input (the data plane gives it the input's
+                # declared shape); every output comes back binary.
+                infer_request = InferRequest(**fields, raw_input=raw)
                 listed: dict[str, bool] = {}
                 default_binary = True
             else:
@@ -472,56 +473,6 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"{where} parameter '{key}' must be a boolean, got {_kind(value)}")
     return value
-
-
-async def raw_binary_request(
-    dataplane: DataPlaneBase, raw: bytes, settings: Settings, model_name: str, model_version: str = ""
-) -> InferRequest:
-    """A body with no JSON header (`Inference-Header-Content-Length: 0`): the data of the model's only input.
-
-    The input's shape comes from the model's metadata: for BYTES the declared shape must be [1] and the body is
-    that one element; otherwise at most one dimension may vary, and the body's size fixes it.
-    """
-    meta = await dataplane.model_metadata(
-        MODEL_METADATA_REQUEST(name=model_name, version=model_version)
-    )
-    if len(meta.inputs) != 1:
-        raise InvalidRequest(
-            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; "
-            f"model '{model_name}' has {len(meta.inputs)}"
-        )
-    spec = meta.inputs[0]
-    dims = list(spec.shape)
-    info = datatypes.get(spec.datatype)
-    if info is None:
-        raise InvalidRequest(f"input '{spec.name}' has datatype {spec.datatype!r}, which has no raw form")
-    if info.variable:  # BYTES: the body is one element, since nothing says where elements would end
-        if dims != [1]:
-            raise InvalidRequest(
-                f"a raw binary {spec.datatype} input must be declared with shape [1]; '{spec.name}' has {dims}"
-            )
-        array: npt.NDArray[Any] = np.empty(1, dtype=object)
-        array[0] = raw
-        return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, spec.datatype, [1], array)])
-    variable = [i for i, d in enumerate(dims) if d < 0]
-    known = int(np.prod([d for d in dims if d >= 0], dtype=np.int64)) if dims else 1
-    if len(variable) > 1:
-        raise InvalidRequest(
-            f"a raw binary request cannot fix the shape {dims} of input '{spec.name}': more than one dimension varies"
-        )
-    count, rest = divmod(len(raw), info.size)
-    if rest or (variable and (known == 0 or count % known)) or (not variable and count != known):
-        raise InvalidRequest(
-            f"a raw binary body of {len(raw)} bytes does not fit input '{spec.name}' ({spec.datatype} {dims})"
-        )
-    if variable:
-        dims[variable[0]] = count // known
-    if count > settings.max_tensor_elements:
-        raise TooLarge(
-            f"input '{spec.name}' has {count} elements, more than the {settings.max_tensor_elements} allowed"
-        )
-    array = codec.from_raw(raw, spec.datatype, dims, name=spec.name)
-    return InferRequest(model_name, model_version, inputs=[Tensor(spec.name, spec.datatype, dims, array)])
 
 
 def decode_infer_request(

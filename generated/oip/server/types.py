@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 
@@ -42,6 +41,9 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)  # empty: every output of the model
+    # A raw binary request's body (REST `Inference-Header-Content-Length: 0`): the data of the model's only input,
+    # whose shape the data plane takes from the model's declaration; `inputs` is empty then.
+    raw_input: bytes | memoryview | None = None
 
 
 @dataclass(slots=True)
@@ -52,7 +54,3 @@ class InferResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
     outputs: list[Tensor] = field(default_factory=list)  # in answer order, each with its data
 
-
-def as_array(value: Any) -> npt.NDArray[Any]:
-    """What a model returned for one output, as an array."""
-    return value if isinstance(value, np.ndarray) else np.asarray(value)

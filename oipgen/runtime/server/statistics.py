@@ -1,9 +1,9 @@
 """The statistics extension: per model version, what the data plane measured while it served requests.
 
-One `Statistics` registry per data plane (`DataPlane.statistics`) holds a `ModelStats` per (model, version). The
-data plane times every inference request in phases and records it once with `record_request`; every run of a
-model (one per request, or one per batch when requests are batched) is recorded with `record_execution`. The
-counters follow Triton's statistics extension:
+One `Statistics` registry per data plane (`DataPlane.statistics`) holds a `ModelStats` per (model, version). It
+is an observer of the inference pipeline (`timing.Observer`): every finished request's record (its phases, timed
+by the pipeline's one timer) is counted with `record_request`, every run of a model (one per request, or one per
+batch when requests are batched) with `record_execution`. The counters follow Triton's statistics extension:
 
 - `success` counts successful requests and their total time in the data plane; `fail` the failed ones (requests
   for a model version that exists and is ready, failing validation, in the model or in its outputs).
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..grpc import grpc_service_pb2 as pb
+from .timing import ExecutionRecord, InferenceRecord, Observer
 
 __all__ = ["BatchStats", "Duration", "ModelStats", "Statistics"]
 
@@ -150,7 +151,7 @@ class ModelStats:
         )
 
 
-class Statistics:
+class Statistics(Observer):
     """The statistics of every model version the data plane has served, by (name, version)."""
 
     def __init__(self) -> None:
@@ -173,3 +174,14 @@ class Statistics:
         """The `inference.ModelStatistics` of `name` at `version` (all zero when it never served a request)."""
         stats = self.get(name, version)
         return stats.to_proto() if stats is not None else ModelStats(name, version).to_proto()
+
+    def request_finished(self, record: InferenceRecord) -> None:
+        self.for_model(record.model, record.version).record_request(
+            record.ok, record.batch_size, record.queue_ns, record.compute_input_ns, record.compute_infer_ns,
+            record.compute_output_ns, record.total_ns,
+        )
+
+    def execution_finished(self, record: ExecutionRecord) -> None:
+        self.for_model(record.model, record.version).record_execution(
+            record.batch_size, record.compute_input_ns, record.compute_infer_ns, record.compute_output_ns
+        )

@@ -23,9 +23,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from .errors import InvalidRequest, ModelFailure, OipError
+from .errors import ModelFailure, OipError
 from .types import InferRequest, InferResponse
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "Answer",
     "StreamError",
-    "empty_final_requested",
     "final_response",
     "serve_stream",
 ]
@@ -80,14 +79,6 @@ def stream_error(request: InferRequest | None, exc: BaseException) -> StreamErro
         error = ModelFailure(f"internal server error ({type(exc).__name__})")
     partial = final_response(request) if request is not None else InferResponse("", "", parameters={FINAL: True})
     return StreamError(error, partial)
-
-
-def empty_final_requested(parameters: dict[str, Any]) -> bool:
-    """Pop `triton_enable_empty_final_response` from request parameters; it must be a boolean."""
-    value = parameters.pop(EMPTY_FINAL, False)
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param.")
-    return value
 
 
 @dataclass(frozen=True, slots=True)

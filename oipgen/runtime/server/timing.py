@@ -1,0 +1,198 @@
+"""The inference timer and what it reports to: one `Timer` per request, `Observer`s told about every outcome.
+
+The pipeline (`pipeline`) moves a request through four phases, named as Triton's statistics extension names them:
+`compute_input` (checking the request and preparing its inputs, a batch's merge included), `queue` (waiting to
+run: for a worker thread, or for a dynamic batch to form), `compute_infer` (the model) and `compute_output`
+(checking and converting what the model returned, classification and shared memory included). The timer enters
+each phase as the request reaches it and adds up the time spent in each; time the request spends elsewhere (a
+decoupled model's response being sent by the transport) is in no phase. Decoding and encoding the wire format is
+the transports' work and in no phase either.
+
+When a request is done, the pipeline hands its `InferenceRecord` (model, version, request id, batch size, outcome
+and reason, phase durations, total time, and the phases as spans in wall-clock time) to every observer of the
+data plane; every run of a model (one per request, or one per batch under dynamic batching) is reported as an
+`ExecutionRecord`. The statistics extension (`statistics.Statistics`) is such an observer; metrics and tracing
+subscribe the same way (`DataPlane.observers`). Observers are called on the event loop: they must be quick, and
+an exception in one is logged and otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import ErrorKind, OipError
+
+__all__ = [
+    "COMPUTE_INFER",
+    "COMPUTE_INPUT",
+    "COMPUTE_OUTPUT",
+    "PHASES",
+    "QUEUE",
+    "ExecutionRecord",
+    "InferenceRecord",
+    "Observer",
+    "Span",
+    "Timer",
+    "notify_execution",
+    "notify_request",
+]
+
+log = logging.getLogger(__name__)
+
+QUEUE: Final = "queue"
+COMPUTE_INPUT: Final = "compute_input"
+COMPUTE_INFER: Final = "compute_infer"
+COMPUTE_OUTPUT: Final = "compute_output"
+PHASES: Final = (QUEUE, COMPUTE_INPUT, COMPUTE_INFER, COMPUTE_OUTPUT)
+"""Every phase of an inference request."""
+
+MAX_SPANS: Final = 256
+"""Spans kept per request (a decoupled model may answer with many responses); durations always add up."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One stretch of time a request spent in a phase, in nanoseconds since the Unix epoch."""
+
+    phase: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRecord:
+    """One finished inference request, as the data plane saw it.
+
+    `error` is None for a success; a failure counts only its total time (its phase durations are what it got
+    through before it failed). A request fails here only once its model version was found ready: an unknown model
+    or version is refused before the pipeline starts.
+    """
+
+    model: str
+    version: str
+    request_id: str
+    batch_size: int  # the request's batch dimension for a model that batches, 1 otherwise
+    error: OipError | None
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+    total_ns: int  # from the data plane's first look at the request to its last response
+    start_ns: int  # when the request reached the data plane, in nanoseconds since the Unix epoch
+    spans: tuple[Span, ...]  # the phases in the order the request went through them (at most MAX_SPANS)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def error_kind(self) -> ErrorKind | None:
+        """The failure's kind (a status: invalid argument, model failure...), None for a success."""
+        return self.error.kind if self.error is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """One run of a model: `batch_size` is the sum of the batch sizes of the requests it served."""
+
+    model: str
+    version: str
+    batch_size: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+
+class Observer:
+    """Told about every inference request and model run of a data plane (`DataPlane.observers`). Override what
+    you need; both methods do nothing here."""
+
+    def request_finished(self, record: InferenceRecord) -> None:
+        """A request is done, successfully or not."""
+
+    def execution_finished(self, record: ExecutionRecord) -> None:
+        """A model run is done (before the requests it served finish)."""
+
+
+class Timer:
+    """The phases of one inference request (see the module's description).
+
+    The timer starts in `compute_input` when it is created. `enter(phase)` closes the current phase and starts
+    `phase` (None: no phase, the time is not counted); `at` gives the moment when it was measured elsewhere
+    (`time.perf_counter_ns()`, as when a worker thread started the model). `record` makes the request's record.
+    """
+
+    __slots__ = ("_durations", "_mark", "_phase", "_spans", "request_id", "start", "start_unix")
+
+    def __init__(self, request_id: str = "") -> None:
+        self.request_id = request_id
+        self.start = time.perf_counter_ns()
+        self.start_unix = time.time_ns()
+        self._phase: str | None = COMPUTE_INPUT
+        self._mark = self.start
+        self._durations = dict.fromkeys(PHASES, 0)
+        self._spans: list[tuple[str, int, int]] = []
+
+    def enter(self, phase: str | None, at: int | None = None) -> int:
+        """Close the current phase at `at` (now when None) and start `phase` there; returns that moment."""
+        now = time.perf_counter_ns() if at is None else at
+        current = self._phase
+        if current is not None:
+            elapsed = max(0, now - self._mark)
+            self._durations[current] += elapsed
+            if len(self._spans) < MAX_SPANS:
+                self._spans.append((current, self._mark, self._mark + elapsed))
+        self._phase = phase
+        self._mark = now
+        return now
+
+    def duration(self, phase: str) -> int:
+        """The time spent so far in `phase` (closed stretches only), in nanoseconds."""
+        return self._durations[phase]
+
+    def execution(self, model: str, version: str, batch_size: int) -> ExecutionRecord:
+        """This request's phases as the record of a model run that served it alone."""
+        d = self._durations
+        return ExecutionRecord(model, version, batch_size, d[COMPUTE_INPUT], d[COMPUTE_INFER], d[COMPUTE_OUTPUT])
+
+    def record(self, model: str, version: str, batch_size: int, error: OipError | None = None) -> InferenceRecord:
+        """Close the current phase and make the request's record; the total runs until now."""
+        end = self.enter(None)
+        d = self._durations
+        offset = self.start_unix - self.start
+        return InferenceRecord(
+            model=model,
+            version=version,
+            request_id=self.request_id,
+            batch_size=batch_size,
+            error=error,
+            queue_ns=d[QUEUE],
+            compute_input_ns=d[COMPUTE_INPUT],
+            compute_infer_ns=d[COMPUTE_INFER],
+            compute_output_ns=d[COMPUTE_OUTPUT],
+            total_ns=end - self.start,
+            start_ns=self.start_unix,
+            spans=tuple(Span(phase, start + offset, end_ + offset) for phase, start, end_ in self._spans),
+        )
+
+
+def notify_request(observers: Iterable[Observer], record: InferenceRecord) -> None:
+    """Tell every observer about a finished request; an observer's exception is logged, never raised."""
+    for observer in observers:
+        try:
+            observer.request_finished(record)
+        except Exception:
+            log.exception("observer %r failed on a finished request", observer)
+
+
+def notify_execution(observers: Iterable[Observer], record: ExecutionRecord) -> None:
+    """Tell every observer about a finished model run; an observer's exception is logged, never raised."""
+    for observer in observers:
+        try:
+            observer.execution_finished(record)
+        except Exception:
+            log.exception("observer %r failed on a finished model run", observer)
