@@ -653,16 +653,24 @@ def test_encode_with_explicit_datatype() -> None:
     assert codec.to_raw(np.array(["x"]), "BYTES") == b"\x01\x00\x00\x00x"
     with pytest.raises(codec.CodecError, match=r"INT8 element 1 is out of range \[-128, 127\]: 300"):
         codec.to_raw(np.array([1, 300]), "INT8", name="O")
-    with pytest.raises(codec.CodecError, match="cannot encode a float64 array as INT32"):
-        codec.to_raw(np.array([1.0]), "INT32")
-    with pytest.raises(codec.CodecError, match="cannot encode a bool array as INT8"):
-        codec.to_json(np.array([True]), "INT8")
-    with pytest.raises(codec.CodecError, match="cannot encode a int64 array as BYTES"):
+    # Whole floats to integers, bools to numbers, 0 and 1 to BOOL: no value changes meaning.
+    assert bytes(codec.to_raw(np.array([1.0, -2.0]), "INT32")) == np.array([1, -2], "<i4").tobytes()
+    assert codec.to_json(np.array([True, False]), "INT8") == [1, 0]
+    assert codec.to_json(np.array([0, 1]), "BOOL") == [False, True]
+    with pytest.raises(codec.CodecError, match=r"INT32 element 1 is not a whole number: 1\.5"):
+        codec.to_raw(np.array([1.0, 1.5]), "INT32")
+    with pytest.raises(codec.CodecError, match=r"INT64 element 0 is out of range .*: 9.2\d*e\+18"):
+        codec.to_raw(np.array([2.0**63]), "INT64")
+    with pytest.raises(codec.CodecError, match="a int64 array cannot be BYTES"):
         codec.to_raw(np.array([1]), "BYTES")
-    with pytest.raises(codec.CodecError, match="cannot encode a int64 array as BOOL"):
-        codec.to_raw(np.array([1]), "BOOL")
+    with pytest.raises(codec.CodecError, match="BOOL element 1 is 2: values other than 0 and 1 cannot be BOOL"):
+        codec.to_raw(np.array([1, 2]), "BOOL")
+    with pytest.raises(codec.CodecError, match="a <U1 array cannot be INT32"):
+        codec.to_raw(np.array(["a"]), "INT32")
     with pytest.raises(codec.CodecError, match="out of range"):
         codec.to_raw(np.array([1e300]), "FP32")
+    with pytest.raises(codec.CodecError, match="values out of range for FP16"):
+        codec.to_raw(np.array([70000]), "FP16")  # an integer that would become infinite
     with pytest.raises(codec.CodecError, match="BYTES element 1 must be bytes or str, got integer 3"):
         codec.to_raw(np.array([b"a", 3], dtype=object))
 
@@ -705,7 +713,7 @@ def test_contents_errors() -> None:
         codec.from_contents([1], "BOOL", [1])
     with pytest.raises(codec.CodecError, match="BYTES element 0 must be a string, got integer 1"):
         codec.from_contents([1], "BYTES", [1])
-    with pytest.raises(codec.CodecError, match="cannot encode a float64 array as INT32"):
+    with pytest.raises(codec.CodecError, match="INT32 element 0 is not a whole number"):
         codec.from_contents(np.array([1.5]), "INT32", [1])
     with pytest.raises(codec.CodecError, match="must be an integer, got array"):
         codec.from_contents([[1, 2]], "INT32", [1])

@@ -33,6 +33,7 @@ from .datatypes import DatatypeInfo
 
 __all__ = [
     "CodecError",
+    "as_datatype",
     "datatype_info",
     "datatype_of",
     "describe",
@@ -514,8 +515,8 @@ def to_raw(array: npt.ArrayLike, datatype: str | None = None, *, name: str = "")
     Fixed-size types return a byte `memoryview` that aliases `array` when it already is little-endian and
     C-contiguous (no copy; call `bytes()` on it where bytes are required, as in protobuf fields). BYTES
     returns `bytes` framed as a 4-byte LE length and the bytes per element; elements may be bytes, str
-    (UTF-8), np.bytes_ or np.str_. With `datatype`, the array is first converted to it: integers to narrower
-    integers when the values fit, integers and floats to any float type; anything else is a CodecError.
+    (UTF-8), np.bytes_ or np.str_. With `datatype`, the array is first converted to it where no value changes
+    meaning (see `as_datatype`); anything else is a CodecError.
     """
     arr, info = _prepare(array, datatype, name)
     if info.variable:
@@ -576,8 +577,37 @@ def _prepare(array: npt.ArrayLike, datatype: str | None, name: str) -> tuple[Arr
     return _coerce(arr, info, name), info
 
 
+def as_datatype(array: npt.ArrayLike, datatype: str, *, name: str = "") -> Array:
+    """`array` in the numpy dtype of `datatype` (BYTES: an object array of `bytes`, str elements encoded as
+    UTF-8), converted only where no value changes meaning; CodecError otherwise.
+
+    This is the one place where arrays become datatypes: the clients convert inputs with it (through `to_raw`,
+    `to_json` and `to_contents`), the server what a model returns. Allowed: the same type in another byte order;
+    safe casts (bool to numbers, narrower to wider); integers to other integers when every value fits; whole
+    floats to integers when every value fits; integers and floats to any float type (rounded to the nearest
+    value; finite values that would become infinite fail); numbers that are all 0 or 1 to BOOL; bytes, str and
+    object arrays to BYTES.
+    """
+    info = datatype_info(datatype, name=name)
+    arr = _coerce(np.asarray(array), info, name)
+    if not info.variable:
+        return arr
+    if arr.dtype.kind == "O" and set(map(type, arr.reshape(-1).tolist())) <= {bytes}:
+        return arr
+    items = _bytes_list(arr, name)
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(arr.shape)
+
+
+def _first(bad: Array, flat: Array) -> tuple[int, Any]:
+    i = int(np.argmax(bad))
+    return i, flat[i]
+
+
 def _coerce(arr: Array, info: DatatypeInfo, name: str) -> Array:
-    """`arr` in the dtype of `info` (little-endian), converting only where no value can change meaning."""
+    """`arr` in the dtype of `info` as `as_datatype` converts it, except that BYTES arrays of bytes, str or
+    objects are returned as they are (their elements are checked as they are encoded)."""
     dt = arr.dtype
     if dt == info.dtype:
         return arr
@@ -585,27 +615,40 @@ def _coerce(arr: Array, info: DatatypeInfo, name: str) -> Array:
     if target == "bytes":
         if dt.kind in "OSU":
             return arr
-        _fail(name, f"cannot encode a {dt} array as BYTES")
+        _fail(name, f"a {dt} array cannot be {info.name} (an array of bytes or str)")
     source_name = datatypes.name_of_dtype(dt)
     source = _FAMILY.get(source_name) if source_name is not None else None
-    if source_name == info.name:  # the same type in another byte order (or another spelling of it)
-        return arr.astype(info.dtype)
-    if target == "int" and source == "int":
-        if arr.size and not np.can_cast(dt, info.dtype, "safe"):
-            low, high = _INT_RANGE[info.name]
-            bad = (arr < low) | (arr > high)
+    if source is None or source == "bytes":
+        _fail(name, f"a {dt} array cannot be {info.name}")
+    if source_name == info.name or np.can_cast(dt, info.dtype, "safe"):
+        return arr.astype(info.dtype)  # another byte order or spelling of the type, or a safe cast
+    flat = arr.reshape(-1)
+    if target == "int":  # from a wider integer type or from floats
+        if source == "float":
+            bad = ~(np.isfinite(flat) & (flat == np.trunc(flat)))
             if bad.any():
-                i = int(np.argmax(bad.reshape(-1)))
-                value = arr.reshape(-1)[i]
-                _fail(name, f"{info.name} element {i} is out of range [{low}, {high}]: {value}")
+                i, value = _first(bad, flat)
+                _fail(name, f"{info.name} element {i} is not a whole number: {value}")
+        low, high = _INT_RANGE[info.name]
+        # Floats compare against the first value past the range: float(2**63 - 1) rounds up to 2**63.
+        bad = (flat < low) | ((flat >= float(high) + 1) if source == "float" else (flat > high))
+        if bad.any():
+            i, value = _first(bad, flat)
+            _fail(name, f"{info.name} element {i} is out of range [{low}, {high}]: {value}")
         return arr.astype(info.dtype)
-    if target == "float" and source in ("int", "float"):
+    if target == "float":  # from integers or floats, rounded
         with np.errstate(over="ignore", invalid="ignore"):
             out = arr.astype(info.dtype)
-        if source == "float" and _overflowed(arr.astype(np.float64), out.astype(np.float64)):
-            _fail(name, f"cannot encode as {info.name}: values out of range")
+        if _overflowed(arr.astype(np.float64), out.astype(np.float64)):
+            _fail(name, f"values out of range for {info.name}")
         return out
-    _fail(name, f"cannot encode a {dt} array as {info.name}")
+    if target == "bool":  # from numbers that are all 0 or 1
+        bad = (flat != 0) & (flat != 1)
+        if bad.any():
+            i, value = _first(bad, flat)
+            _fail(name, f"{info.name} element {i} is {value}: values other than 0 and 1 cannot be {info.name}")
+        return arr.astype(info.dtype)
+    _fail(name, f"a {dt} array cannot be {info.name}")
 
 
 # --- gRPC typed contents ----------------------------------------------------------------------------------

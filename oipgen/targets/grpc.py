@@ -64,6 +64,8 @@ def build(ctx: Context, tree: Tree) -> None:
             )
         tree.add(f"grpc/{rel}", f"{ctx.header}\n{text.rstrip()}\n")
     tree.add("grpc/_pool.py", ctx.renderer.render("grpc/_pool.py.jinja"))
+    for rel, source in ctx.renderer.runtime_files("grpc").items():  # wire
+        tree.add(rel, ctx.renderer.copy(source))
     tree.add("grpc/__init__.py", ctx.renderer.render("grpc/__init__.py.jinja", modules=modules))
     # grpcio-tools types the messages only; the service's stub is rendered from the API model.
     tree.add(f"grpc/{ctx.api.service_module}_pb2_grpc.pyi", ctx.renderer.render("grpc/service_pb2_grpc.pyi.jinja"))

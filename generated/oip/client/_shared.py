@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .. import convert
+from ..grpc.wire import with_defaults
 from .errors import InvalidArgument, ResponseError, ServerError
 
 Headers: TypeAlias = Mapping[str, str]
@@ -103,47 +104,6 @@ def from_rest(schema: str, body: Any, rest_only: Mapping[str, Any]) -> Any:
     if isinstance(body, Mapping):
         rest_only = {key: body.get(key, value) for key, value in rest_only.items()}
     return complete(schema, message, rest_only)
-
-
-def _repeated(field: Any) -> bool:
-    flag = getattr(field, "is_repeated", None)  # protobuf >= 6.31; `label` is deprecated there
-    return bool(flag) if flag is not None else bool(field.label == field.LABEL_REPEATED)
-
-
-def with_defaults(out: Any, message: Any) -> None:
-    """Complete `out`, the REST form of `message` (or of each message of a repeated field), with the fields at
-    their default: scalars, enums, lists and maps without presence, recursively through the message fields
-    present. Oneof members that are not set stay out."""
-    if isinstance(out, list):
-        for item, entry in zip(out, message, strict=False):
-            with_defaults(item, entry)
-        return
-    if not isinstance(out, dict):
-        return
-    for field in message.DESCRIPTOR.fields:
-        name = field.name
-        value = getattr(message, name)
-        kind = field.message_type
-        if kind is not None and kind.GetOptions().map_entry:
-            entries = out.setdefault(name, {})
-            if kind.fields_by_name["value"].message_type is not None:
-                for key, item in value.items():
-                    if str(key) in entries:
-                        with_defaults(entries[str(key)], item)
-        elif _repeated(field):
-            items = out.setdefault(name, [])
-            if kind is not None:
-                with_defaults(items, value)
-        elif kind is not None:
-            if name in out:
-                with_defaults(out[name], value)
-        elif field.containing_oneof is None and name not in out:
-            if field.enum_type is not None:
-                out[name] = field.enum_type.values_by_number[0].name
-            elif field.type == field.TYPE_BYTES:
-                out[name] = ""
-            else:
-                out[name] = value  # the default: 0, 0.0, False or ""
 
 
 class EventReader:

@@ -34,7 +34,7 @@ from pydantic import TypeAdapter
 
 from .. import convert, models
 from ..grpc import grpc_service_pb2 as pb_grpc_service
-from ..grpc import grpc_service_pb2_grpc
+from ..grpc import grpc_service_pb2_grpc, wire
 from ._shared import Headers, b64, body, complete, merge, validated, validated_list
 from .errors import InvalidArgument, OipClientError, ResponseError, Unimplemented, from_grpc
 from .tensors import (
@@ -74,18 +74,11 @@ _T = TypeVar("_T")
 
 MAX_MESSAGE_SIZE: Final = 2**31 - 1
 """The default message size limit each way: as large as gRPC allows."""
-# The cases of inference.InferParameter, the value of every parameters map of inference messages.
-_PARAM_ONEOF: Final = 'parameter_choice'
-_PARAM_BOOL: Final = 'bool_param'
-_PARAM_INT: Final = 'int64_param'
-_PARAM_UINT: Final = 'uint64_param'
-_PARAM_FLOAT: Final = 'double_param'
-_PARAM_STR: Final = 'string_param'
-_INT64: Final = (-(2**63), 2**63 - 1)
-_UINT64_MAX: Final = 2**64 - 1
+# The value of every parameters map of inference messages (`convert` maps them to and from JSON scalars).
+_PARAM_TYPE: Final = 'inference.InferParameter'
 _INFER_METHOD: Final = "/inference.GRPCInferenceService/ModelInfer"
 # The repeated bytes fields that carry raw tensor data, by field number (protobuf wire format: tag = number << 3 | 2).
-_RAW_INPUT_TAG: Final = bytes([7 << 3 | 2])  # raw_input_contents
+_RAW_INPUT_FIELD: Final = 7  # raw_input_contents
 _RAW_OUTPUT_FIELD: Final = 6  # raw_output_contents
 ZERO_COPY_BYTES: Final = 1 << 16
 """From this many bytes of raw tensor data up, inference messages are written and read around protobuf: the
@@ -156,35 +149,14 @@ class _GrpcBase:
 
 def _set_params(target: MutableMapping[str, Any], params: Parameters, where: str) -> None:
     """Fill a parameters map: bool, int (int64, or uint64 above its range), float and str values."""
-    for key, value in params.items():
-        if isinstance(value, bool):
-            case = _PARAM_BOOL
-        elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
-            case = _PARAM_INT
-        elif isinstance(value, int) and 0 <= value <= _UINT64_MAX:
-            case = _PARAM_UINT
-        elif isinstance(value, float):
-            case = _PARAM_FLOAT
-        elif isinstance(value, str):
-            case = _PARAM_STR
-        else:
-            case = None
-        if case is None:
-            raise InvalidArgument(
-                f"{where} parameter '{key}' = {value!r} has no gRPC form (booleans, integers, floats, strings)"
-            )
-        setattr(target[key], case, value)
+    try:
+        convert.params_to_proto(_PARAM_TYPE, params, target)
+    except convert.ConvertError as exc:
+        raise InvalidArgument(f"{where} {exc}") from None
 
 
 def _params(entries: Mapping[str, Any]) -> dict[str, Param]:
-    if not entries:
-        return {}
-    out: dict[str, Param] = {}
-    for key, entry in entries.items():
-        which = entry.WhichOneof(_PARAM_ONEOF)
-        if which is not None:
-            out[key] = getattr(entry, which)
-    return out
+    return convert.params_from_proto(_PARAM_TYPE, entries) if entries else {}
 
 
 def encode_infer_request(
@@ -225,15 +197,6 @@ def _header(
     return request
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_infer_request_bytes(
     model: str,
     version: str,
@@ -250,56 +213,15 @@ def encode_infer_request_bytes(
     if sum(len(chunk) if isinstance(chunk, bytes) else chunk.nbytes for chunk in chunks) < ZERO_COPY_BYTES:
         request.raw_input_contents.extend(chunk if isinstance(chunk, bytes) else chunk.tobytes() for chunk in chunks)
         return request.SerializeToString()
-    parts: list[bytes | memoryview] = [request.SerializeToString()]
-    for chunk in chunks:  # the raw entries, after the other fields: a parser reads them in order all the same
-        parts += [_RAW_INPUT_TAG, _varint(len(chunk) if isinstance(chunk, bytes) else chunk.nbytes), chunk]
-    return b"".join(parts)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+    # The raw entries, after the other fields: a parser reads them in order all the same.
+    return b"".join([request.SerializeToString(), *wire.field_entries(_RAW_INPUT_FIELD, chunks)])
 
 
 def _split_raw(data: bytes) -> tuple[pb_grpc_service.ModelInferResponse, list[memoryview]]:
     """The message without its raw output entries, parsed by protobuf, and those entries as views of `data`."""
-    view = memoryview(data)
-    size = len(data)
-    kept: list[memoryview] = []
-    raw: list[memoryview] = []
-    pos = 0
     try:
-        while pos < size:
-            start = pos
-            key, pos = _read_varint(data, pos)
-            wire = key & 7
-            if wire == 2:
-                length, pos = _read_varint(data, pos)
-                if key >> 3 == _RAW_OUTPUT_FIELD:
-                    raw.append(view[pos:pos + length])
-                    pos += length
-                    continue
-                pos += length
-            elif wire == 0:
-                _, pos = _read_varint(data, pos)
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            else:
-                raise ValueError(f"unexpected wire type {wire}")
-            kept.append(view[start:pos])
-        if pos != size:
-            raise ValueError("truncated message")
-        return pb_grpc_service.ModelInferResponse.FromString(b"".join(kept)), raw
+        rest, raw = wire.split_field(data, _RAW_OUTPUT_FIELD)
+        return pb_grpc_service.ModelInferResponse.FromString(rest), raw
     except (ValueError, IndexError, DecodeError) as exc:
         raise ResponseError(f"the server's answer is not a valid inference.ModelInferResponse: {exc}") from None
 

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError, Message
 from .. import codec, convert, extensions
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
-from ..grpc import grpc_service_pb2_grpc
+from ..grpc import grpc_service_pb2_grpc, wire
 from .dataplane_base import DataPlaneBase
 from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
 from .settings import Settings
@@ -48,7 +48,7 @@ _PARAM_TYPE: Final = 'inference.InferParameter'
 # are read as views of the received bytes, the response's are written after the serialized rest (no copies).
 _BIG: Final = 1 << 16
 _RAW_INPUT_FIELD: Final = 7
-_RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])
+_RAW_OUTPUT_FIELD: Final = 6
 
 
 def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.aio.Server:
@@ -209,60 +209,13 @@ def _infer_parser(message_type: type[_M]) -> Callable[[bytes], _M | _Malformed |
         if len(data) < _BIG:
             return plain(data)
         try:
-            rest, raw = _split_field(data, _RAW_INPUT_FIELD)
+            rest, raw = wire.split_field(data, _RAW_INPUT_FIELD)
         except (ValueError, IndexError):  # not well-formed: protobuf says why
             return plain(data)
         message = plain(rest)
         return _InferWire(message, raw) if raw and not isinstance(message, _Malformed) else message
 
     return parse
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _split_field(data: bytes, number: int) -> tuple[bytes, list[memoryview]]:
-    """The top-level fields of a serialized message other than length-delimited field `number` (as bytes), and
-    that field's entries as views of `data`."""
-    view = memoryview(data)
-    keep: list[memoryview] = []
-    found: list[memoryview] = []
-    pos, size = 0, len(data)
-    while pos < size:
-        start = pos
-        key, pos = _varint(data, pos)
-        wire = key & 7
-        if wire == 0:
-            pos = _varint(data, pos)[1]
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            if key >> 3 == number:
-                if pos + length > size:
-                    raise ValueError("truncated field")
-                found.append(view[pos : pos + length])
-                pos += length
-                continue
-            pos += length
-        else:
-            raise ValueError(f"wire type {wire}")
-        if pos > size:
-            raise ValueError("truncated field")
-        keep.append(view[start:pos])
-    return b"".join(keep), found
 
 
 def _infer_serializer(reply: Any) -> bytes:
@@ -606,16 +559,4 @@ def _encode_infer_wire(response: InferResponse) -> pb_grpc_service.ModelInferRes
     if sum(sizes) < _BIG:
         message.raw_output_contents.extend(bytes(entry) for entry in raw)
         return message
-    parts: list[bytes | memoryview] = [message.SerializeToString()]
-    for entry, size in zip(raw, sizes, strict=True):
-        parts += [_RAW_OUTPUT_TAG, _varint_bytes(size), entry]
-    return b"".join(parts)
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return b"".join([message.SerializeToString(), *wire.field_entries(_RAW_OUTPUT_FIELD, raw)])

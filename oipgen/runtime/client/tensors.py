@@ -3,8 +3,9 @@ and the REST encoding of an inference (JSON, or JSON plus binary tensor data) sh
 
 Datatypes follow the array's dtype (`codec.datatype_of`): numpy `str_`, `bytes_` and object arrays are BYTES,
 `ml_dtypes.bfloat16` is BF16, float16 is FP16. Name another datatype with `Tensor(name, data, datatype=...)` or
-`infer(..., datatypes={name: datatype})`; the values are then converted when no value changes meaning (integers
-to narrower integers that hold them, numbers to any float type).
+`infer(..., datatypes={name: datatype})`; the values are then converted when no value changes meaning, as
+`codec.as_datatype` converts them (integers to narrower integers that hold them, whole floats to integers, numbers
+to any float type, 0 and 1 to BOOL).
 
 Elements are never handled one by one in Python. JSON `data` is written by orjson straight from the array; binary
 and raw data is the array's memory; decoded outputs are views of the response's bytes (read-only arrays: `.copy()`
@@ -23,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from .. import codec, datatypes, extensions
+from .. import codec, datatypes, extensions, framing
 from .errors import InvalidArgument, ResponseError
 
 __all__ = [
@@ -52,13 +53,10 @@ Param: TypeAlias = bool | int | float | str
 """A parameter value: the protocol's parameters are booleans, integers, floats and strings."""
 Parameters: TypeAlias = Mapping[str, Param]
 
-HEADER_LENGTH: Final = "Inference-Header-Content-Length"
+HEADER_LENGTH: Final = framing.HEADER_LENGTH
 """The binary tensor data extension's header: the byte length of the JSON part of the body."""
 BINARY_EXTENSION: Final = "binary_tensor_data"
 """The name under which a server lists the binary tensor data extension in its metadata."""
-_BINARY_SIZE: Final = extensions.BINARY_DATA_SIZE
-_BINARY_DATA: Final = extensions.BINARY_DATA
-_BINARY_OUTPUT: Final = extensions.BINARY_DATA_OUTPUT
 _JSON_OPTIONS: Final = orjson.OPT_SERIALIZE_NUMPY
 # Dtypes orjson writes straight from an array's memory (native byte order, C-contiguous).
 _ORJSON_KINDS: Final = "biuf"
@@ -293,7 +291,7 @@ def encode_rest_request(
         if data is None:
             raw = raw_data(tensor)
             params = dict(params) if params else {}
-            params[_BINARY_SIZE] = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+            params[framing.BINARY_DATA_SIZE] = framing.size_of(raw)
             chunks.append(raw)
         else:
             entry["data"] = data
@@ -312,12 +310,12 @@ def encode_rest_request(
         in_region = extensions.SHARED_MEMORY_REGION in out_params
         as_binary = (binary and not in_region) if output.binary is None else output.binary
         if as_binary:
-            out_params[_BINARY_DATA] = True
+            out_params[framing.BINARY_DATA] = True
         if out_params:
             out["parameters"] = out_params
         wanted.append(out)
     if binary and not wanted:
-        request_params[_BINARY_OUTPUT] = True
+        request_params[framing.BINARY_DATA_OUTPUT] = True
     if request_params:
         body["parameters"] = request_params
     body["inputs"] = tensors
@@ -327,12 +325,7 @@ def encode_rest_request(
         header = orjson.dumps(body, option=_JSON_OPTIONS)
     except TypeError as exc:
         raise InvalidArgument(f"the request cannot be written as JSON: {exc}") from None
-    if not chunks:
-        return header, {"Content-Type": "application/json"}
-    return b"".join([header, *chunks]), {
-        "Content-Type": "application/octet-stream",
-        HEADER_LENGTH: str(len(header)),
-    }
+    return framing.join(header, chunks)
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -344,17 +337,11 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 def decode_rest_response(content: bytes, header_length: str | None) -> InferResult:
     """The result of a REST inference answer: JSON, or a JSON header of `header_length` bytes followed by the
     binary data of the outputs that have `binary_data_size`."""
-    binary: memoryview | None = None
-    head: bytes | memoryview = content
-    if header_length is not None:
-        try:
-            length = int(header_length)
-        except ValueError:
-            raise ResponseError(f"{HEADER_LENGTH} is not an integer: {header_length!r}") from None
-        if not 0 < length <= len(content):
-            raise ResponseError(f"{HEADER_LENGTH} {length} is out of range for a body of {len(content)} bytes")
-        view = memoryview(content)
-        head, binary = view[:length], view[length:]
+    try:
+        head, rest = framing.split(content, header_length)
+    except framing.FramingError as exc:
+        raise ResponseError(str(exc)) from None
+    binary = framing.BinaryData(rest)
     try:
         doc = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
@@ -362,7 +349,6 @@ def decode_rest_response(content: bytes, header_length: str | None) -> InferResu
     if not isinstance(doc, dict):
         raise ResponseError(f"the inference response must be a JSON object, got {type(doc).__name__}")
     entries: list[Entry] = []
-    offset = 0
     outputs = doc.get("outputs") or ()
     if not isinstance(outputs, list):
         raise ResponseError(f"'outputs' must be a JSON array, got {type(outputs).__name__}")
@@ -376,16 +362,17 @@ def decode_rest_response(content: bytes, header_length: str | None) -> InferResu
         if params:
             if not isinstance(params, dict):
                 raise ResponseError(f"output '{name}': parameters must be a JSON object")
-            if _BINARY_SIZE in params:
+            if framing.BINARY_DATA_SIZE in params:
                 params = dict(params)
-                size = params.pop(_BINARY_SIZE)
-        if size == 0:  # an empty binary output (a body of nothing but JSON may have those)
+                size = params.pop(framing.BINARY_DATA_SIZE)
+        if size == 0 and type(size) is int:  # an empty binary output (a body of nothing but JSON may have those)
             entries.append((name, datatype, tuple(shape), params or {}, RAW, b""))
         elif size is not None:
-            if binary is None or type(size) is not int or not 0 < size <= len(binary) - offset:
-                raise ResponseError(f"output '{name}': binary_data_size {size!r} does not fit the body")
-            entries.append((name, datatype, tuple(shape), params or {}, RAW, binary[offset:offset + size]))
-            offset += size
+            try:
+                data = binary.take(size, f"output '{name}'")
+            except framing.FramingError as exc:
+                raise ResponseError(str(exc)) from None
+            entries.append((name, datatype, tuple(shape), params or {}, RAW, data))
         else:
             entries.append((name, datatype, tuple(shape), params or {}, JSON, out.get("data")))
     params = doc.get("parameters") or {}

@@ -39,7 +39,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .. import codec, convert, datatypes, extensions
+from .. import codec, convert, datatypes, extensions, framing
+from ..grpc import wire
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
@@ -51,15 +52,12 @@ __all__ = ["ENDPOINTS", "REST_ONLY_ENDPOINTS", "Endpoint", "OipApp", "RestOnlyEn
 
 log = logging.getLogger(__name__)
 
-HEADER_LENGTH: Final = "inference-header-content-length"
-"""The binary tensor data extension's header: the byte length of the JSON part of the body."""
-_JSON: Final = "application/json"
+_JSON: Final = framing.JSON_TYPE
 _EVENTS: Final = "text/event-stream; charset=utf-8"
-_BINARY: Final = "application/octet-stream"
-# Keys of the binary tensor data extension (`extensions`): REST encoding only, so the data plane never sees them.
-_BINARY_OUTPUT: Final = extensions.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
-_BINARY_SIZE: Final = extensions.BINARY_DATA_SIZE  # input and output parameters: bytes in the binary part
-_BINARY_DATA: Final = extensions.BINARY_DATA  # requested-output parameters: this output as binary
+# Keys of the binary tensor data extension (`framing`): REST encoding only, so the data plane never sees them.
+_BINARY_OUTPUT: Final = framing.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
+_BINARY_SIZE: Final = framing.BINARY_DATA_SIZE  # input and output parameters: bytes in the binary part
+_BINARY_DATA: Final = framing.BINARY_DATA  # requested-output parameters: this output as binary
 _SHARED_MEMORY: Final = extensions.SHARED_MEMORY_REGION  # tensor parameters: data held by the shared memory extension
 _INT_RANGE: Final = (-(2**63), 2**64 - 1)  # parameter integers: int64, or uint64 above int64's range
 _BINARY_EXTENSION: Final = extensions.PARAMETERS[_BINARY_SIZE]
@@ -258,7 +256,7 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
             )
             if endpoint.print_defaults:
                 unwrap = convert.BINDINGS[endpoint.response].unwrap
-                _with_defaults(out, getattr(reply, unwrap) if unwrap else reply)
+                wire.with_defaults(out, getattr(reply, unwrap) if unwrap else reply)
             healthy = endpoint.health is None or bool(getattr(reply, endpoint.health))
             return _json(out, 200 if healthy else settings.not_ready_status)
         except Exception as exc:
@@ -354,42 +352,6 @@ async def _close(answers: AsyncIterator[Any]) -> None:
         await aclose()
 
 
-def _with_defaults(out: Any, message: Any) -> None:
-    """Complete `out`, the REST form of `message` (or of each of a repeated field's messages), with the fields
-    the converter left out because they hold their default: scalars, enums, lists and maps without presence at
-    their default, recursively through the message fields present. Oneof members that are not set stay out."""
-    if isinstance(out, list):
-        for item, entry in zip(out, message, strict=False):
-            _with_defaults(item, entry)
-        return
-    if not isinstance(out, dict):
-        return
-    for field in message.DESCRIPTOR.fields:
-        name = field.name
-        value = getattr(message, name)
-        kind = field.message_type
-        if kind is not None and kind.GetOptions().map_entry:
-            entries = out.setdefault(name, {})
-            if kind.fields_by_name["value"].message_type is not None:
-                for key, item in value.items():
-                    if str(key) in entries:
-                        _with_defaults(entries[str(key)], item)
-        elif field.is_repeated:
-            items = out.setdefault(name, [])
-            if kind is not None:
-                _with_defaults(items, value)
-        elif kind is not None:
-            if name in out:
-                _with_defaults(out[name], value)
-        elif field.containing_oneof is None and name not in out:
-            if field.enum_type is not None:
-                out[name] = field.enum_type.values_by_number[0].name
-            elif field.type == field.TYPE_BYTES:
-                out[name] = ""
-            else:
-                out[name] = value  # the default: 0, 0.0, False or ""
-
-
 # --- inference ------------------------------------------------------------------------------------------------
 
 
@@ -399,7 +361,7 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
     async def handle(request: Request) -> Response:
         try:
             raw = await _read_body(request, settings.max_request_bytes)
-            header_length = request.headers.get(HEADER_LENGTH)
+            header_length = request.headers.get(framing.HEADER_LENGTH)
             if header_length is not None and not binary_enabled(settings):
                 raise Unimplemented(_NO_BINARY)
             fields = {field: request.path_params[name] for name, field in endpoint.params}
@@ -479,20 +441,11 @@ def decode_infer_request(
     Returns the request (model name and version still empty: they come from the path), whether each listed
     output is wanted as binary data, and the binary default for outputs the request does not list.
     """
-    binary: memoryview | None = None
-    if header_length is None:
-        head: bytes | memoryview = raw
-    else:
-        try:
-            length = int(header_length)
-        except ValueError:
-            raise InvalidRequest(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if not 0 < length <= len(raw):
-            raise InvalidRequest(
-                f"Inference-Header-Content-Length {length} is out of range for a body of {len(raw)} bytes"
-            )
-        view = memoryview(raw)
-        head, binary = view[:length], view[length:]
+    try:
+        head, rest = framing.split(raw, header_length)
+    except framing.FramingError as exc:
+        raise InvalidRequest(str(exc)) from None
+    binary = framing.BinaryData(rest)
     if not len(head):
         raise InvalidRequest("the request body is empty; expected a JSON inference request")
     doc = _parse_json(head, "the inference request")
@@ -513,7 +466,6 @@ def decode_infer_request(
         raise InvalidRequest("the inference request needs 'inputs', an array of tensors" if items is None
                              else f"'inputs' must be an array, got {_kind(items)}")
     inputs: list[Tensor] = []
-    offset = 0
     limit = settings.max_tensor_elements
     for i, item in enumerate(items):
         if not isinstance(item, dict):
@@ -537,19 +489,11 @@ def decode_infer_request(
         if size is not None:
             if data is not None:
                 raise InvalidRequest(f"{where} must set only one of 'data' and 'binary_data_size', it sets both")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise InvalidRequest(f"{where}: 'binary_data_size' must be a non-negative integer, got {size!r}")
-            if binary is None:
-                raise InvalidRequest(
-                    f"{where} has binary_data_size but the request has no Inference-Header-Content-Length header"
-                )
-            if offset + size > len(binary):
-                raise InvalidRequest(
-                    f"unexpected size for {where}: expecting {size} more bytes of binary data, "
-                    f"{len(binary) - offset} remain"
-                )
-            array = codec.from_raw(binary[offset:offset + size], datatype, shape, name=name)
-            offset += size
+            try:
+                chunk = binary.take(size, where)
+            except framing.FramingError as exc:
+                raise InvalidRequest(str(exc)) from None
+            array = codec.from_raw(chunk, datatype, shape, name=name)
         elif data is not None:
             array = codec.from_json(data, datatype, shape, name=name)
         elif _SHARED_MEMORY in params:
@@ -557,8 +501,10 @@ def decode_infer_request(
         else:
             raise InvalidRequest(f"{where} has no data: set 'data' or binary_data_size")
         inputs.append(Tensor(name, datatype, list(shape), array, params))
-    if binary is not None and offset != len(binary):
-        raise InvalidRequest(f"unexpected additional binary data: {len(binary) - offset} bytes after the last input")
+    try:
+        binary.finish()
+    except framing.FramingError as exc:
+        raise InvalidRequest(str(exc)) from None
 
     listed: dict[str, bool] = {}
     outputs: list[RequestedOutput] = []
@@ -597,8 +543,8 @@ def encode_infer_response(response: InferResponse, listed: Mapping[str, bool], d
                 entry["parameters"] = parameters
         elif binary:
             data = _raw_data(tensor)
-            parameters[_BINARY_SIZE] = data.nbytes if isinstance(data, memoryview) else len(data)
-            if parameters[_BINARY_SIZE]:
+            size = parameters[_BINARY_SIZE] = framing.size_of(data)
+            if size:
                 chunks.append(data)
             entry["parameters"] = parameters
         else:
@@ -616,11 +562,8 @@ def encode_infer_response(response: InferResponse, listed: Mapping[str, bool], d
         header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         raise ModelFailure(f"the model's response cannot be written as JSON: {exc}") from None
-    if not chunks:
-        return Response(header, media_type=_JSON)
-    return Response(
-        b"".join([header, *chunks]), media_type=_BINARY, headers={"Inference-Header-Content-Length": str(len(header))}
-    )
+    content, headers = framing.join(header, chunks)
+    return Response(content, headers=headers)
 
 
 def _raw_data(tensor: Tensor) -> bytes | memoryview:

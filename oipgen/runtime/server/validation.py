@@ -8,7 +8,7 @@ except those that steer the server, transport keys removed. A raw binary request
 the model's only input from its declaration.
 
 The model's answer (`split_result`, `check_output`): outputs by name, optionally with response parameters; every
-needed output present, convertible without loss to its declared datatype (`convert_output`), shape as declared.
+needed output present, convertible without loss to its declared datatype (`codec.as_datatype`), shape as declared.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ __all__ = [
     "check_output",
     "check_request_parameters",
     "check_requested_outputs",
-    "convert_output",
     "declared_shape",
     "raw_input",
     "shape_text",
@@ -134,7 +133,7 @@ def _input_array(spec: TensorSpec, tensor: Tensor) -> npt.NDArray[Any]:
     info = datatypes.BY_NAME[spec.datatype]
     if data.dtype != info.dtype and not (info.variable and data.dtype.kind == "O"):
         try:
-            data = convert_output(data, spec.datatype)
+            data = codec.as_datatype(data, spec.datatype)
         except ValueError as exc:
             raise InvalidRequest(f"input '{spec.name}': {exc}") from exc
     return data
@@ -212,7 +211,7 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
     value = outputs[spec.name]
     try:
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        array = convert_output(array, spec.datatype)
+        array = codec.as_datatype(array, spec.datatype)
     except (ValueError, TypeError) as exc:
         raise ModelFailure(f"model '{model.name}' output '{spec.name}': {exc}") from exc
     expected = declared_shape(model, spec)
@@ -224,89 +223,6 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
         )
     return Tensor(name=spec.name, datatype=spec.datatype, shape=list(array.shape), data=array)
 
-
-
-def _family(dtype: np.dtype[Any]) -> str | None:
-    name = datatypes.name_of_dtype(dtype)
-    if name is None:
-        return None
-    info = datatypes.BY_NAME[name]
-    if info.variable:
-        return "bytes"
-    if dtype.kind == "b":
-        return "bool"
-    return "int" if dtype.kind in "iu" else "float"
-
-
-def convert_output(array: npt.NDArray[Any], datatype: str) -> npt.NDArray[Any]:
-    """`array` in the numpy dtype of `datatype`, converted only where no value changes meaning.
-
-    Same type in any byte order, safe casts (bool to numbers, narrower to wider), integers to other integers
-    when every value fits, integers and floats to floats (floats are rounded to the nearest value; overflow to
-    infinity fails), floats to integers when every value is a whole number that fits. BYTES: object arrays of
-    `bytes` (str elements are encoded as UTF-8), `S` and `U` arrays. ValueError otherwise.
-    """
-    info = datatypes.BY_NAME[datatype]
-    target = info.dtype
-    if info.variable:
-        return _bytes_array(array)
-    if array.dtype == target:
-        return array
-    source = _family(array.dtype)
-    family = _family(target)
-    if source is None or source == "bytes":
-        raise ValueError(f"a {array.dtype} array cannot be {datatype}")
-    if datatypes.name_of_dtype(array.dtype) == datatype or np.can_cast(array.dtype, target, "safe"):
-        return array.astype(target)
-    if family == "int" and source in ("int", "float", "bool"):
-        if source == "float" and array.size and not bool(np.all(np.isfinite(array) & (array == np.trunc(array)))):
-            raise ValueError(f"{array.dtype} values that are not whole numbers cannot be {datatype}")
-        if array.size:
-            limits = np.iinfo(target)
-            low, high = array.min(), array.max()
-            # Floats compare against the first value past the range: float(2**63 - 1) rounds up to 2**63.
-            too_high = high >= float(limits.max) + 1 if source == "float" else high > limits.max
-            if low < limits.min or too_high:
-                raise ValueError(f"values out of range for {datatype} [{limits.min}, {limits.max}]")
-        return array.astype(target)
-    if family == "float" and source in ("int", "float", "bool"):
-        with np.errstate(over="ignore", invalid="ignore"):
-            out = array.astype(target)
-        if source == "float" and array.size:
-            wide = array.astype(np.float64)
-            if bool(np.any(np.isfinite(wide) & ~np.isfinite(out.astype(np.float64)))):
-                raise ValueError(f"values out of range for {datatype}")
-        return out
-    if family == "bool" and source in ("int", "float"):
-        if array.size and not bool(np.all((array == 0) | (array == 1))):
-            raise ValueError(f"{array.dtype} values other than 0 and 1 cannot be {datatype}")
-        return array.astype(target)
-    raise ValueError(f"a {array.dtype} array cannot be {datatype}")
-
-
-def _bytes_array(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """An object array of `bytes` (the same array when it already is one)."""
-    if array.dtype.kind not in "OSU":
-        raise ValueError(f"a {array.dtype} array cannot be BYTES (an array of bytes or str)")
-    items: list[Any] = array.reshape(-1).tolist()
-    if array.dtype.kind == "O" and all(type(item) is bytes for item in items):
-        return array
-    converted: list[bytes] = []
-    for i, item in enumerate(items):
-        if isinstance(item, bytes):
-            converted.append(bytes(item))
-        elif isinstance(item, str):
-            try:
-                converted.append(item.encode())
-            except UnicodeEncodeError as exc:
-                raise ValueError(f"BYTES element {i} is not valid Unicode") from exc
-        elif isinstance(item, bytearray | memoryview):
-            converted.append(bytes(item))
-        else:
-            raise ValueError(f"BYTES element {i} is {type(item).__name__}, not bytes or str")
-    out = np.empty(len(converted), dtype=object)
-    out[:] = converted
-    return out.reshape(array.shape)
 
 
 def raw_input(model: Model, data: bytes | memoryview, max_elements: int) -> Tensor:
