@@ -27,6 +27,13 @@ def snake_case(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
+def camel_case(name: str) -> str:
+    """`resnet-50_v2` -> `Resnet50V2`: the runs of ASCII letters and digits of a name, each capitalised, with
+    `Model` in front when that would be empty or start with a digit (`3d` -> `Model3d`)."""
+    name = "".join(w[:1].upper() + w[1:] for w in re.split(r"[^0-9A-Za-z]+", name) if w)
+    return name if name[:1].isalpha() else "Model" + name
+
+
 def is_safe_identifier(name: str) -> bool:
     """True for a name that can stand as a Python identifier in generated code."""
     return name.isidentifier() and name.isascii() and not keyword.iskeyword(name) and not name.startswith("__")

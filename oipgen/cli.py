@@ -14,7 +14,7 @@ from . import __version__
 
 EXIT_STALE = 1
 EXIT_SPEC = 2
-EXIT_REFUSED = 1  # scaffold: a file exists or an argument is invalid; nothing written
+EXIT_REFUSED = 1  # scaffold, client: a file exists, an argument is invalid or the metadata unusable; nothing written
 EXIT_BREAKING = 1  # breaking: at least one change breaks existing clients or servers
 
 
@@ -71,6 +71,20 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--package",
                    help="the generated package the model imports (default: [tool.oipgen] package, else oip)")
     m.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
+    c = sub.add_parser("client", help="write a typed client module for one model, from its metadata")
+    source = c.add_mutually_exclusive_group(required=True)
+    source.add_argument("--server", metavar="URL", help="a server's REST address, asked for the model's metadata")
+    source.add_argument("--metadata", type=Path, metavar="FILE",
+                        help="the model's metadata as JSON (the answer of GET /v2/models/NAME), instead of --server")
+    c.add_argument("--model", metavar="NAME", help="the model (required with --server)")
+    c.add_argument("--version", dest="model_version", default="", metavar="V",
+                   help="the model version: its metadata, and the version the client asks for (default: the server's)")
+    c.add_argument("--out", type=Path, required=True, metavar="FILE.py", help="the module to write")
+    c.add_argument("--package",
+                   help="the generated package the module imports, dotted if vendored inside another "
+                        "(default: [tool.oipgen] package, else oip)")
+    c.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
+    c.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
     return p
 
 
@@ -82,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         return _scaffold(args)
     if args.command == "breaking":
         return _breaking(args)
+    if args.command == "client":
+        return _client(args)
     return 2
 
 
@@ -138,6 +154,45 @@ def _report_problems(spec: object, e: Any) -> None:
     print(f"oipgen: the spec in {spec} has {len(e.problems)} problem(s):", file=sys.stderr)
     for p in e.problems:
         print(f"  {p}", file=sys.stderr)
+
+
+def _client(args: argparse.Namespace) -> int:
+    from .load import load_datatypes
+    from .model_client import ClientError, fetch_metadata, model_info, read_metadata, render_client
+    from .problems import SpecError
+
+    config, root = _config(Path.cwd())
+    spec = args.spec if args.spec is not None else root / str(config.get("spec", "spec"))
+    templates = args.templates if args.templates is not None else (
+        root / str(config["templates"]) if config.get("templates") else None)
+    try:
+        if args.server is not None and not args.model:
+            raise ClientError("--server needs --model NAME")
+        try:
+            datatypes = load_datatypes(spec)
+        except SpecError as e:
+            raise ClientError(f"cannot read the datatype table of {spec} ({e}); pass --spec DIR") from None
+        if args.server is not None:
+            doc = fetch_metadata(args.server, args.model, args.model_version)
+        else:
+            doc = read_metadata(args.metadata)
+        model = model_info(doc, datatypes, model=args.model, version=args.model_version)
+        text = render_client(model, package=args.package or str(config.get("package", "oip")), templates=templates)
+    except ClientError as e:
+        print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        unchanged = args.out.is_file() and args.out.read_text(encoding="utf-8") == text
+        if not unchanged:
+            args.out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        print(f"oipgen: cannot write {args.out}: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    inputs = ", ".join(t.python for t in model.inputs)
+    print(f"oipgen: {args.out} {'unchanged' if unchanged else 'written'}: a typed client of model '{model.name}' "
+          f"(infer({inputs}))")
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -113,6 +113,14 @@ def load_spec(spec_dir: Path) -> Api:
     return api
 
 
+def load_datatypes(spec_dir: Path) -> tuple[Datatype, ...]:
+    """The datatype table of a spec alone; raises `SpecError` when it cannot be read."""
+    problems = Problems()
+    datatypes = _datatypes(Path(spec_dir) / DATATYPES_FILE, problems)
+    problems.raise_if_any()
+    return datatypes
+
+
 def _datatypes(path: Path, problems: Problems) -> tuple[Datatype, ...]:
     data = _read_yaml(path, problems)
     rows = data.get("datatypes") if isinstance(data, dict) else None

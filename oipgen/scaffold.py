@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from .api import is_safe_identifier
+from .api import camel_case, is_safe_identifier
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Names the generated module binds itself: a model class named like one of them would shadow it.
@@ -80,10 +80,7 @@ def parse_tensor(text: str, datatypes: Sequence[str]) -> TensorArg:
 
 def class_name(model_name: str) -> str:
     """The Python class name for a model name: `my-model` -> `MyModel`, `2d` -> `Model2d`."""
-    words = [w for w in re.split(r"[^0-9A-Za-z]+", model_name) if w]
-    name = "".join(w[:1].upper() + w[1:] for w in words) or "Model"
-    if not name[0].isalpha():
-        name = "Model" + name
+    name = camel_case(model_name)
     if name in _RESERVED:
         name += "Model"
     if not is_safe_identifier(name):
