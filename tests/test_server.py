@@ -376,10 +376,21 @@ def test_not_ready_status_400(tmp_path: Path) -> None:
 # --- the OpenAPI document, routes and methods -------------------------------------------------------------------
 
 
-def test_openapi_is_the_spec(http: httpx.Client, api: Any) -> None:
+def test_openapi_is_the_spec_and_the_models(http: httpx.Client, api: Any) -> None:
+    """The spec's document, unchanged, plus each ready model's inference (test_openapi_models checks those)."""
     response = http.get("/openapi.json")
     assert response.status_code == 200
-    assert response.json() == api.openapi
+    doc = response.json()
+    spec = api.openapi
+    assert {k: v for k, v in doc.items() if k not in ("paths", "components", "tags")} == {
+        k: v for k, v in spec.items() if k not in ("paths", "components", "tags")}
+    assert {path: doc["paths"][path] for path in spec["paths"]} == spec["paths"]
+    added = doc["paths"].keys() - spec["paths"].keys()
+    assert "/v2/models/simple/infer" in added and all(p.startswith("/v2/models/") and "{" not in p for p in added)
+    schemas = doc["components"].pop("schemas")
+    assert doc["components"] == {k: v for k, v in spec["components"].items() if k != "schemas"}
+    assert {name: schemas[name] for name in spec["components"]["schemas"]} == spec["components"]["schemas"]
+    assert doc["tags"][:len(spec["tags"])] == spec["tags"]
     docs = http.get("/docs")
     assert docs.status_code == 200 and "openapi.json" in docs.text
 

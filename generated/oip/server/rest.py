@@ -25,6 +25,7 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -37,6 +38,7 @@ import numpy.typing as npt
 import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from google.protobuf.message import Message
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -48,15 +50,23 @@ from ..grpc import wire
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
+from .model_openapi import model_document
 from .openapi import DOCUMENT
+from .repository import ModelRepository
 from .settings import Settings
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
-__all__ = ["ENDPOINTS", "REST_ONLY_ENDPOINTS", "Endpoint", "OipApp", "RestOnlyEndpoint", "create_app"]
+__all__ = [
+    "ENDPOINTS", "REST_ONLY_ENDPOINTS", "Endpoint", "OipApp", "RestOnlyEndpoint", "create_app", "openapi_document",
+]
 
 log = logging.getLogger(__name__)
 
 _JSON: Final = framing.JSON_TYPE
+_OPENAPI_URL: Final = "/openapi.json"
+# The requests the OpenAPI document asks the data plane (the ready models, their metadata), when the spec has them.
+_REPOSITORY_INDEX_REQUEST: Final = next((e.request for e in ENDPOINTS if e.operation == "repository_index"), None)
+_MODEL_METADATA_REQUEST: Final = next((e.request for e in ENDPOINTS if e.operation == "model_metadata"), None)
 _EVENTS: Final = "text/event-stream; charset=utf-8"
 # Keys of the binary tensor data extension (`framing`): REST encoding only, so the data plane never sees them.
 _BINARY_OUTPUT: Final = framing.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
@@ -76,7 +86,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class OipApp(FastAPI):
-    """FastAPI, publishing the spec's OpenAPI document rather than one derived from the routes.
+    """FastAPI, publishing the spec's OpenAPI document rather than one derived from the routes (at /openapi.json
+    with the ready models' own inference schemas, `openapi_document`).
 
     Inference requests (the tensor operations' routes, `fast_routes`) skip FastAPI's middleware and router:
     their handler answers every error itself, and the framework's layers (exception and telemetry middleware,
@@ -112,19 +123,30 @@ def _path_pattern(path: str) -> re.Pattern[str]:
 def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     """The REST app: one route per REST operation of the spec, answered by `dataplane`.
 
-    The app's OpenAPI document (/openapi.json, /docs) is the spec's own. A path the spec does not have is a
-    404 and a method it does not allow a 405, both with an error body; `/v2/` is not `/v2` (no redirects).
+    The app's OpenAPI document (/openapi.json, /docs) is the spec's own with each ready model's inference
+    (`openapi_document`). A path the spec does not have is a 404 and a method it does not allow a 405, both with
+    an error body; `/v2/` is not `/v2` (no redirects).
     """
     app = OipApp(
         title=str(DOCUMENT.get("info", {}).get("title", "Open Inference Protocol")),
         version=str(DOCUMENT.get("info", {}).get("version", "")),
-        openapi_url="/openapi.json",
-        docs_url="/docs",
+        openapi_url=None,
+        docs_url=None,
         redoc_url=None,
         redirect_slashes=False,
     )
     app.state.dataplane = dataplane
     app.state.settings = settings
+
+    async def openapi_json(request: Request) -> Response:
+        document = await openapi_document(dataplane)
+        return Response(orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS), media_type=_JSON)
+
+    async def docs(request: Request) -> Response:
+        return get_swagger_ui_html(openapi_url=_OPENAPI_URL, title=f"{app.title} - Swagger UI")
+
+    app.add_route(_OPENAPI_URL, openapi_json, methods=["GET"], include_in_schema=False)
+    app.add_route("/docs", docs, methods=["GET"], include_in_schema=False)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
@@ -147,6 +169,40 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
             handler = _message_handler(dataplane, settings, endpoint)
         app.add_route(endpoint.path, handler, methods=[endpoint.method], include_in_schema=False)
     return app
+
+
+async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
+    """The OpenAPI document of this moment: the spec's, with the inference of every ready model version (and of
+    each ready model at the version the server picks) from its metadata (`model_openapi.model_document`). The ready
+    models come from the data plane's repository (with the model repository extension off too), else from its
+    repository index; a data plane with neither publishes the spec's document alone."""
+    repository = getattr(dataplane, "repository", None)
+    if _MODEL_METADATA_REQUEST is None:
+        return DOCUMENT
+    if isinstance(repository, ModelRepository):
+        ready = [(status.name, status.version) for status in repository.index(ready_only=True)]
+    elif _REPOSITORY_INDEX_REQUEST is None:
+        return DOCUMENT
+    else:
+        index_request: Any = _REPOSITORY_INDEX_REQUEST(ready=True)
+        try:
+            index = await dataplane.repository_index(index_request)
+        except OipError:
+            return DOCUMENT
+        ready = [(entry.name, entry.version) for entry in index.models]
+    versions: dict[str, list[str]] = {}
+    for name, version in ready:
+        versions.setdefault(name, []).extend([version] if version else [])
+    models = []
+    for name, ready_versions in versions.items():
+        for version in ["", *ready_versions]:
+            request: Any = _MODEL_METADATA_REQUEST(name=name, version=version)
+            try:
+                models.append((version, await dataplane.model_metadata(request)))
+            except OipError:  # unloaded meanwhile
+                continue
+    # Made in a worker thread: a first document over many models takes a while, and inference must not wait.
+    return await asyncio.to_thread(model_document, models)
 
 
 def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:

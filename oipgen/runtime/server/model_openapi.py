@@ -1,0 +1,245 @@
+"""Each model's own inference in the OpenAPI document (`model_document`): the spec's inference paths made concrete
+for every ready model (and version), with request and response schemas narrowed to the model's metadata."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+from urllib.parse import quote
+
+import numpy as np
+
+from .. import datatypes
+from ..grpc import grpc_service_pb2 as pb
+from .dataplane_base import TENSOR_OPERATIONS
+from .endpoints import ENDPOINTS
+from .openapi import DOCUMENT
+
+__all__ = ["INFER_ENDPOINTS", "model_document"]
+
+
+def _variable(params: Sequence[tuple[str, str]], field: str) -> str:
+    return next((variable for variable, filled in params if filled == field), "")
+
+
+# The REST forms of inference in the spec: path, method, the path variables that name the model and the version
+# ("": none), and the component schemas of the body and of the answer, which `model_document` narrows per model.
+INFER_ENDPOINTS: Final[tuple[tuple[str, str, str, str, str, str], ...]] = tuple(
+    (e.path, e.method.lower(), _variable(e.params, "model_name"), _variable(e.params, "model_version"), e.body,
+     e.response)
+    for e in ENDPOINTS
+    if e.operation in TENSOR_OPERATIONS and e.body and e.response
+)
+_SCHEMAS: Final = "#/components/schemas/"
+_JSON: Final = "application/json"
+# The last document `model_document` made, by what it was made from (one entry).
+_LAST: Final[dict[tuple[tuple[str, bytes], ...], dict[str, Any]]] = {}
+
+
+def model_document(models: Iterable[tuple[str, pb.ModelMetadataResponse]]) -> dict[str, Any]:
+    """`DOCUMENT` with each model's own inference: for every (version, metadata) of `models` (version "": the one
+    the server picks), the inference paths of the spec made concrete for that model (and version), whose request
+    and answer schemas narrow the spec's to the model's tensors: names, datatypes, shapes (-1: any size), element
+    counts and ranges, and one tag per model. `DOCUMENT` itself is never changed; with no models it is returned.
+
+    The last document is kept and returned again (the same object: read it, do not change it) while the models'
+    metadata is the same, so that asking again costs no more than comparing the metadata."""
+    given = list(models)
+    if not given:
+        return DOCUMENT
+    made_from = tuple((version, metadata.SerializeToString(deterministic=True)) for version, metadata in given)
+    last = _LAST.get(made_from)
+    if last is not None:
+        return last
+    doc = dict(DOCUMENT)
+    paths = doc["paths"] = dict(DOCUMENT.get("paths", {}))
+    components = doc["components"] = dict(DOCUMENT.get("components", {}))
+    schemas = components["schemas"] = dict(components.get("schemas", {}))
+    tags = doc["tags"] = list(DOCUMENT.get("tags", []))
+    tagged: set[str] = set()
+    for version, metadata in given:
+        name = metadata.name
+        key = _unique(_key(name + (f".v{version}" if version else "")), schemas)
+        request, answer = f"{key}.InferenceRequest", f"{key}.InferenceResponse"
+        about = _about(metadata, version)
+        for path, method, model_var, version_var, body, response in INFER_ENDPOINTS:
+            if bool(version) != bool(version_var) or not model_var:
+                continue
+            values = {model_var: name, **({version_var: version} if version_var else {})}
+            concrete = path
+            for var, value in values.items():
+                concrete = concrete.replace("{" + var + "}", quote(value, safe=""))
+            base = DOCUMENT["paths"][path][method]
+            if concrete in paths or not isinstance(base, dict):
+                continue
+            schemas[request] = _request_schema(metadata, body, about)
+            schemas[answer] = _answer_schema(metadata, version, response, about)
+            paths[concrete] = {method: _operation(base, set(values), request, answer, name, version)}
+        tag = f"model {name}"
+        if tag not in tagged:
+            tagged.add(tag)
+            tags.append({"name": tag, "description": _about(metadata, "")})
+    _LAST.clear()
+    _LAST[made_from] = doc
+    return doc
+
+
+def _key(text: str) -> str:
+    """A component name for `text` (OpenAPI allows letters, digits, '.', '-' and '_')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
+def _unique(key: str, schemas: Mapping[str, Any]) -> str:
+    candidate, n = key, 1
+    while f"{candidate}.InferenceRequest" in schemas or f"{candidate}.InferenceResponse" in schemas:
+        n += 1
+        candidate = f"{key}_{n}"
+    return candidate
+
+
+def _about(metadata: pb.ModelMetadataResponse, version: str) -> str:
+    """One line per tensor, in Markdown: what /docs shows of the model."""
+    head = f"Model `{metadata.name}`" + (f", version {version}" if version else "")
+    if metadata.platform:
+        head += f" ({metadata.platform})"
+    lines = [head + ".", ""]
+    for kind, tensors in (("input", metadata.inputs), ("output", metadata.outputs)):
+        for t in tensors:
+            lines.append(f"* {kind} `{t.name}`: {t.datatype} {list(t.shape)}")
+    return "\n".join(lines) + "\n\nShapes: -1 is any size."
+
+
+def _element(datatype: str) -> dict[str, Any] | None:
+    """The schema of one JSON `data` element of `datatype`; None when the datatype has no JSON form."""
+    info = datatypes.BY_NAME.get(datatype)
+    if info is None:
+        return {}
+    if not info.json:
+        return None
+    kind = info.dtype.kind
+    if kind == "b":
+        return {"type": "boolean"}
+    if kind in "iu":
+        limits = np.iinfo(info.dtype)
+        return {"type": "integer", "minimum": int(limits.min), "maximum": int(limits.max)}
+    if kind == "f":
+        largest = float(np.finfo(info.dtype).max)
+        return {"type": "number", "minimum": -largest, "maximum": largest}
+    return {"type": "string"}
+
+
+def _data(shape: Sequence[int], element: dict[str, Any]) -> dict[str, Any]:
+    """The schema of `data` for a tensor of `shape`: flat, or nested like the shape (dimensions of -1: any)."""
+    flat: dict[str, Any] = {"type": "array", "items": element}
+    if all(d >= 0 for d in shape):
+        flat["minItems"] = flat["maxItems"] = math.prod(shape)
+    if len(shape) <= 1:
+        return flat
+    nested: dict[str, Any] = element
+    for dim in reversed(shape):
+        nested = {"type": "array", "items": nested, **({"minItems": dim, "maxItems": dim} if dim >= 0 else {})}
+    return {"anyOf": [flat, nested]}
+
+
+def _tensor(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
+    """The schema of one tensor of a request or answer: its name, datatype, shape and data."""
+    shape = list(tensor.shape)
+    dims: dict[str, Any] = {"type": "array", "minItems": len(shape), "maxItems": len(shape)}
+    if shape:
+        dims["prefixItems"] = [{"const": d} if d >= 0 else {"type": "integer", "minimum": 0} for d in shape]
+    schema: dict[str, Any] = {
+        "type": "object",
+        "required": ["name", "datatype", "shape"],
+        "properties": {"name": {"const": tensor.name}, "datatype": {"const": tensor.datatype}, "shape": dims},
+    }
+    element = _element(tensor.datatype)
+    if element is None:
+        schema["description"] = f"{tensor.datatype} has no JSON form: send it as binary tensor data"
+        schema["not"] = {"required": ["data"]}
+    else:
+        schema["properties"]["data"] = _data(shape, element)
+    return schema
+
+
+def _request_schema(metadata: pb.ModelMetadataResponse, base: str, about: str) -> dict[str, Any]:
+    inputs: dict[str, Any] = {"type": "array", "minItems": len(metadata.inputs), "maxItems": len(metadata.inputs)}
+    if metadata.inputs:
+        inputs["items"] = {"oneOf": [_tensor(t) for t in metadata.inputs]}
+        # every input present (and, with as many items as inputs, each exactly once)
+        inputs["allOf"] = [
+            {"contains": {"type": "object", "required": ["name"], "properties": {"name": {"const": t.name}}}}
+            for t in metadata.inputs
+        ]
+    outputs: dict[str, Any] = {"type": "array", "maxItems": len(metadata.outputs)}
+    if metadata.outputs:
+        outputs["items"] = {"type": "object", "properties": {"name": {"enum": [t.name for t in metadata.outputs]}}}
+    return {
+        "description": f"An inference request of model `{metadata.name}`.\n\n{about}",
+        "allOf": [
+            {"$ref": _SCHEMAS + base},
+            {"type": "object", "properties": {"inputs": inputs, "outputs": outputs}},
+        ],
+    }
+
+
+def _answer_schema(metadata: pb.ModelMetadataResponse, version: str, base: str, about: str) -> dict[str, Any]:
+    outputs: dict[str, Any] = {"type": "array", "maxItems": len(metadata.outputs)}
+    if metadata.outputs:
+        outputs["items"] = {"oneOf": [_output(t) for t in metadata.outputs]}
+    properties: dict[str, Any] = {"model_name": {"const": metadata.name}, "outputs": outputs}
+    if version:
+        properties["model_version"] = {"const": version}
+    return {
+        "description": f"The answer of model `{metadata.name}` to an inference request.\n\n{about}",
+        "allOf": [{"$ref": _SCHEMAS + base}, {"type": "object", "properties": properties}],
+    }
+
+
+def _output(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
+    """An output as declared, or, for a datatype the classification extension ranks, its classes (BYTES)."""
+    schema = _tensor(tensor)
+    info = datatypes.BY_NAME.get(tensor.datatype)
+    if info is None or not (info.json and info.dtype.kind in "iuf"):
+        return schema
+    classes = {
+        "type": "object",
+        "description": "the output as classes (classification extension)",
+        "required": ["name", "datatype"],
+        "properties": {"name": {"const": tensor.name}, "datatype": {"const": "BYTES"}},
+    }
+    return {"anyOf": [schema, classes]}
+
+
+def _operation(base: Mapping[str, Any], fixed: set[str], request: str, answer: str, name: str,
+               version: str) -> dict[str, Any]:
+    """The spec's inference operation `base` for one model: the path variables in `fixed` filled in, the JSON
+    body and answer narrowed to the model's schemas; every other part (statuses, headers) as the spec has it."""
+    operation = copy.deepcopy(dict(base))
+    suffix = f".{_key(name)}" + (f".{_key(version)}" if version else "")
+    operation["operationId"] = f"{base.get('operationId', 'infer')}{suffix}"
+    operation["summary"] = f"Run inference on model {name}" + (f", version {version}." if version else ".")
+    operation["tags"] = [f"model {name}"]
+    operation["parameters"] = [
+        p for p in operation.get("parameters", [])
+        if not (_resolve(p).get("in") == "path" and _resolve(p).get("name") in fixed)
+    ]
+    body = operation["requestBody"] = copy.deepcopy(_resolve(operation.get("requestBody", {})))
+    body.setdefault("content", {}).setdefault(_JSON, {})["schema"] = {"$ref": _SCHEMAS + request}
+    responses = operation.setdefault("responses", {})
+    ok = responses["200"] = copy.deepcopy(_resolve(responses.get("200", {"description": "The inference result."})))
+    ok.setdefault("content", {}).setdefault(_JSON, {})["schema"] = {"$ref": _SCHEMAS + answer}
+    return operation
+
+
+def _resolve(item: Any) -> Any:
+    """A local `$ref` of DOCUMENT resolved (`#/components/...`), anything else as it is."""
+    ref = item.get("$ref") if isinstance(item, Mapping) else None
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return item
+    target: Any = DOCUMENT
+    for part in ref[2:].split("/"):
+        target = target.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(target, Mapping) else {}
+    return target
