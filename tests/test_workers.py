@@ -65,7 +65,7 @@ def served_by(server: Server, since: int) -> dict[int, int]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("logger") == "uvicorn.access" and "/infer" in entry.get("message", ""):
+        if entry.get("logger") == "oip.access" and entry.get("transport") == "rest" and "/infer" in entry.get("path", ""):
             counts[entry["pid"]] = counts.get(entry["pid"], 0) + 1
     return counts
 
@@ -217,3 +217,22 @@ def test_sigterm_drains_every_worker_and_exits_zero(tmp_path: Path) -> None:
     assert server.stop() == 0, server.log_text()
     for pid in pids:  # no worker outlives the supervisor
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
+    from test_observability import scrape, value
+
+    since = log_size(cluster)
+    answers = infer_on_new_connections(cluster, CONNECTIONS)
+    assert all(a.status_code == 200 for a in answers)
+    wait_for_log(cluster, since, CONNECTIONS)
+    assert len(served_by(cluster, since)) == WORKERS  # both served some: the sum is not one worker's count
+    for _ in range(3):  # whichever worker answers the scrape
+        with cluster.http_client() as http:
+            stats = http.get("/v2/models/simple/stats").json()["model_stats"][0]
+        samples = scrape(cluster.url)
+        labels = {"model": "simple", "version": "1"}
+        assert value(samples, "nv_inference_request_success", **labels) == stats["inference_stats"]["success"]["count"]
+        assert value(samples, "nv_inference_count", **labels) == stats["inference_count"]
+        histogram = value(samples, "nv_inference_request_duration_seconds_count", **labels)
+        assert histogram == stats["inference_stats"]["success"]["count"]

@@ -47,7 +47,11 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "package": (),
     "models": ("numpy>=1.26,<3", "ml-dtypes>=0.4,<0.6", "pydantic>=2.7,<3"),
     "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
-    "server": ("fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "orjson>=3.10,<4", "httpx>=0.27,<1"),
+    "server": (
+        "fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "orjson>=3.10,<4", "httpx>=0.27,<1",
+        "opentelemetry-api>=1.25,<2", "opentelemetry-sdk>=1.25,<2", "opentelemetry-exporter-otlp-proto-http>=1.25,<2",
+        "opentelemetry-exporter-otlp-proto-grpc>=1.25,<2",
+    ),
     "client": ("httpx>=0.27,<1", "orjson>=3.10,<4"),
     "deploy": (),  # files beside the package, for the engines that run it; the package does not import them
 }

@@ -29,6 +29,7 @@ import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from .. import models
+<<<<<<< HEAD
 from ._shared import (
     EventReader,
     Headers,
@@ -41,6 +42,10 @@ from ._shared import (
     validated,
     validated_list,
 )
+=======
+from ._shared import Headers, b64, body, from_rest, given, merge, validated, validated_list
+from .propagation import with_trace_context
+>>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 from .errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -213,7 +218,9 @@ class RestClient(_RestBase):
         self, method: str, path: str, content: bytes | None, headers: Headers | None, timeout: float | None
     ) -> httpx.Response:
         try:
-            return self._http.request(method, path, content=content, headers=headers, timeout=_timeout(timeout))
+            return self._http.request(
+                method, path, content=content, headers=with_trace_context(headers), timeout=_timeout(timeout)
+            )
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
@@ -704,7 +711,9 @@ class AsyncRestClient(_RestBase):
         self, method: str, path: str, content: bytes | None, headers: Headers | None, timeout: float | None
     ) -> httpx.Response:
         try:
-            return await self._http.request(method, path, content=content, headers=headers, timeout=_timeout(timeout))
+            return await self._http.request(
+                method, path, content=content, headers=with_trace_context(headers), timeout=_timeout(timeout)
+            )
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:

@@ -10,7 +10,7 @@ may reach any worker. Inference needs no coordination; the control plane does:
 - Repository load and unload, and system shared memory register and unregister, run in the worker that got the
   request and then in every other worker, before the answer is sent. A region registered over one connection
   can be used over any other, and a model unloaded is unloaded everywhere.
-- Statistics answer the sum over the workers.
+- Statistics and metrics answer the sum over the workers.
 - A worker restarted after a crash copies the others' state (loaded and unloaded models, registered regions)
   before it listens.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -37,6 +38,7 @@ from google.protobuf.message import Message
 from ..grpc import grpc_service_pb2 as pb
 from .dataplane import DataPlane
 from .errors import ErrorKind, OipError
+from .metrics import Family, merge
 from .repository import ModelRepository
 from .settings import Settings
 
@@ -68,6 +70,10 @@ _RESPONSES: Final[dict[str, type[Message]]] = {
 }
 
 
+# Operations whose answer is not a protobuf message: the worker's metric families, as JSON.
+_METRICS: Final = "metric_families"
+
+
 def socket_path(folder: Path, index: int) -> Path:
     return folder / f"worker-{index}.sock"
 
@@ -89,7 +95,7 @@ class Peers:
         own = socket_path(self.folder, self.index)
         return sorted(p for p in self.folder.glob("worker-*.sock") if p != own)
 
-    def _call(self, path: Path, operation: str, request: Message) -> Message:
+    def _call(self, path: Path, operation: str, request: Message) -> Any:
         try:
             conn = Client(str(path), family="AF_UNIX", authkey=self.key)
         except (OSError, EOFError) as exc:  # EOFError: it went away during the handshake
@@ -104,7 +110,7 @@ class Peers:
                 raise PeerError(f"{path.name}: {exc}") from None
         status, _, body = answer.partition(b"\0")
         if status == b"ok":
-            return _RESPONSES[operation].FromString(body)
+            return json.loads(body) if operation == _METRICS else _RESPONSES[operation].FromString(body)
         kind, _, message = body.decode("utf-8", "replace").partition("\0")
         try:
             error_kind = ErrorKind(kind)
@@ -112,14 +118,14 @@ class Peers:
             error_kind = ErrorKind.MODEL_FAILURE
         raise OipError(message, error_kind)
 
-    async def call_all(self, operation: str, request: Message) -> list[Message]:
+    async def call_all(self, operation: str, request: Message) -> list[Any]:
         """Run `operation` on every other worker that is up, together; their answers. A worker that is down is
         skipped (it copies the state when it comes back); an OipError of a peer is raised after all answered."""
         paths = self.sockets()
         results = await asyncio.gather(
             *(asyncio.to_thread(self._call, path, operation, request) for path in paths), return_exceptions=True
         )
-        answers: list[Message] = []
+        answers: list[Any] = []
         failure: BaseException | None = None
         for path, result in zip(paths, results, strict=True):
             if isinstance(result, PeerError):
@@ -183,6 +189,13 @@ class ClusterDataPlane(DataPlane):
         others = await self.peers.call_all("model_statistics", request)
         return merge_statistics([own, *(o for o in others if isinstance(o, pb.ModelStatisticsResponse))])
 
+    async def metric_families(self) -> list[Family]:
+        own = await super().metric_families()
+        if self.metrics is None:
+            return own
+        others = await self.peers.call_all(_METRICS, pb.ServerLiveRequest())
+        return merge([own, *([Family.from_json(doc) for doc in answer] for answer in others)])
+
     async def copy_state_from_peers(self) -> None:
         """Make this (restarted) worker's models and regions those of a running worker."""
         index = await self.peers.call_any("repository_index", pb.RepositoryIndexRequest())
@@ -242,9 +255,14 @@ class ControlServer:
             try:
                 operation, _, body = conn.recv_bytes().partition(b"\0")
                 name = operation.decode()
-                request = _OPERATIONS[name].FromString(body)
-                future = asyncio.run_coroutine_threadsafe(self.dataplane.local(name)(request), self.loop)
-                answer = b"ok\0" + future.result(_PEER_TIMEOUT).SerializeToString()
+                if name == _METRICS:
+                    metrics = asyncio.run_coroutine_threadsafe(DataPlane.metric_families(self.dataplane), self.loop)
+                    families = metrics.result(_PEER_TIMEOUT)
+                    answer = b"ok\0" + json.dumps([f.to_json() for f in families]).encode()
+                else:
+                    request = _OPERATIONS[name].FromString(body)
+                    future = asyncio.run_coroutine_threadsafe(self.dataplane.local(name)(request), self.loop)
+                    answer = b"ok\0" + future.result(_PEER_TIMEOUT).SerializeToString()
             except OipError as exc:
                 answer = f"error\0{exc.kind.value}\0{exc}".encode()
             except Exception as exc:

@@ -30,11 +30,16 @@ from typing import Any, Final
 
 from .. import extensions
 from ..grpc import grpc_service_pb2 as pb
+<<<<<<< HEAD
 from . import generate
+=======
+from . import tracing
+>>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 from .classification import CLASSIFICATION
 from .configuration import model_config
 from .dataplane_base import DataPlaneBase
 from .errors import InvalidRequest, NotReady, Unimplemented
+from .metrics import Family, Metrics
 from .model import Model, TensorSpec
 from .pipeline import PARAMETERS, SHARED_MEMORY, Pipeline
 from .repository import ModelRepository
@@ -75,6 +80,13 @@ class DataPlane(DataPlaneBase):
         self.live = True  # the serving layer may turn it off while it shuts down
         self.statistics = Statistics()
         self.observers: list[Observer] = [self.statistics]
+        self.metrics = Metrics(self.statistics, self.settings.metrics_buckets) if self.settings.metrics else None
+        if self.metrics is not None:
+            self.observers.append(self.metrics)
+        self.tracing = tracing.configure(self.settings.server_name)
+        if self.tracing is not None:
+            self.settings.tracing = True
+            self.observers.append(self.tracing)
         self.pipeline = Pipeline(self.repository, self.settings, self.shared_memory, self.enabled, self.observers)
 
     @property
@@ -141,6 +153,7 @@ class DataPlane(DataPlaneBase):
         failed request yields its error (a `streaming.StreamError`) and the stream goes on."""
         return self.pipeline.stream(requests)
 
+<<<<<<< HEAD
     # --- Triton's generate extension (REST only; see `generate`) -------------------------------------------
 
     async def generate(self, path: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +186,13 @@ class DataPlane(DataPlaneBase):
             aclose = getattr(responses, "aclose", None)
             if aclose is not None:
                 await aclose()
+=======
+    # --- metrics ------------------------------------------------------------------------------------------
+
+    async def metric_families(self) -> list[Family]:
+        """Every metric of the server (`metrics`); none when metrics are off."""
+        return self.metrics.families() if self.metrics is not None else []
+>>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 
     # --- model configuration and statistics extensions ------------------------------------------------
 

@@ -30,6 +30,7 @@ class ErrorKind(enum.Enum):
     MODEL_FAILURE = "model_failure"
     TOO_LARGE = "too_large"
     ALREADY_EXISTS = "already_exists"
+    CANCELLED = "cancelled"
 
 
 HTTP_STATUS: dict[ErrorKind, int] = {
@@ -40,6 +41,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.MODEL_FAILURE: 500,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.ALREADY_EXISTS: 400,  # as Triton (a shared memory region registered twice)
+    ErrorKind.CANCELLED: 499,  # the caller went away; recorded, never sent
 }
 
 GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
@@ -50,6 +52,7 @@ GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.MODEL_FAILURE: grpc.StatusCode.INTERNAL,
     ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
 }
 
 
@@ -117,3 +120,7 @@ class TooLarge(OipError):
 
 class AlreadyExists(OipError):
     kind = ErrorKind.ALREADY_EXISTS
+
+
+class Cancelled(OipError):
+    kind = ErrorKind.CANCELLED

@@ -16,7 +16,9 @@ Methods only decode, call the data plane and encode; every rule of the protocol 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Final, NoReturn, TypeAlias, TypeVar, cast
 
@@ -31,12 +33,14 @@ from ..grpc import grpc_service_pb2_grpc, wire
 from .dataplane_base import DataPlaneBase
 from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
 from .settings import Settings
+from .tracing import carrier
 from .streaming import StreamError, final_response
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 __all__ = ["SERVICE", "Servicer", "create_grpc_server", "decode_infer_request", "encode_infer_response", "method_handlers"]
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("oip.access")
 
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=Message)
@@ -65,7 +69,8 @@ def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.aio
             ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
         ]
     )
-    handlers = method_handlers(Servicer(dataplane, settings))
+    metrics = getattr(dataplane, "metrics", None) if settings.metrics else None
+    handlers = method_handlers(Servicer(dataplane, settings), _observer(metrics, settings.access_log))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
     return server
@@ -74,98 +79,100 @@ def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.aio
 SERVICE: Final = 'inference.GRPCInferenceService'
 
 
-def method_handlers(servicer: Servicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+def method_handlers(
+    servicer: Servicer, observe: Observe | None = None
+) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     """The servicer's methods by RPC name, as grpc handlers. Unlike protoc's registration
     (`add_GRPCInferenceServiceServicer_to_server`), a request that does not parse as its message is answered
     INVALID_ARGUMENT by the servicer rather than UNKNOWN by grpc."""
     return {
         'ServerLive': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ServerLive),
+            _observed_unary_unary(_guard_unary_unary(servicer.ServerLive), 'ServerLive', observe),
             request_deserializer=_parser(pb_grpc_service.ServerLiveRequest),
             response_serializer=pb_grpc_service.ServerLiveResponse.SerializeToString,
         ),
         'ServerReady': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ServerReady),
+            _observed_unary_unary(_guard_unary_unary(servicer.ServerReady), 'ServerReady', observe),
             request_deserializer=_parser(pb_grpc_service.ServerReadyRequest),
             response_serializer=pb_grpc_service.ServerReadyResponse.SerializeToString,
         ),
         'ModelReady': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ModelReady),
+            _observed_unary_unary(_guard_unary_unary(servicer.ModelReady), 'ModelReady', observe),
             request_deserializer=_parser(pb_grpc_service.ModelReadyRequest),
             response_serializer=pb_grpc_service.ModelReadyResponse.SerializeToString,
         ),
         'ServerMetadata': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ServerMetadata),
+            _observed_unary_unary(_guard_unary_unary(servicer.ServerMetadata), 'ServerMetadata', observe),
             request_deserializer=_parser(pb_grpc_service.ServerMetadataRequest),
             response_serializer=pb_grpc_service.ServerMetadataResponse.SerializeToString,
         ),
         'ModelMetadata': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ModelMetadata),
+            _observed_unary_unary(_guard_unary_unary(servicer.ModelMetadata), 'ModelMetadata', observe),
             request_deserializer=_parser(pb_grpc_service.ModelMetadataRequest),
             response_serializer=pb_grpc_service.ModelMetadataResponse.SerializeToString,
         ),
         'ModelInfer': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ModelInfer),
+            _observed_unary_unary(_guard_unary_unary(servicer.ModelInfer), 'ModelInfer', observe),
             request_deserializer=_infer_parser(pb_grpc_service.ModelInferRequest),
             response_serializer=_infer_serializer,
         ),
         'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
-            _guard_stream_stream(servicer.ModelStreamInfer),
+            _observed_stream_stream(_guard_stream_stream(servicer.ModelStreamInfer), 'ModelStreamInfer', observe),
             request_deserializer=_parser(pb_grpc_service.ModelInferRequest),
             response_serializer=pb_grpc_service.ModelStreamInferResponse.SerializeToString,
         ),
         'ModelConfig': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ModelConfig),
+            _observed_unary_unary(_guard_unary_unary(servicer.ModelConfig), 'ModelConfig', observe),
             request_deserializer=_parser(pb_grpc_service.ModelConfigRequest),
             response_serializer=pb_grpc_service.ModelConfigResponse.SerializeToString,
         ),
         'ModelStatistics': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.ModelStatistics),
+            _observed_unary_unary(_guard_unary_unary(servicer.ModelStatistics), 'ModelStatistics', observe),
             request_deserializer=_parser(pb_grpc_service.ModelStatisticsRequest),
             response_serializer=pb_grpc_service.ModelStatisticsResponse.SerializeToString,
         ),
         'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.RepositoryIndex),
+            _observed_unary_unary(_guard_unary_unary(servicer.RepositoryIndex), 'RepositoryIndex', observe),
             request_deserializer=_parser(pb_grpc_service.RepositoryIndexRequest),
             response_serializer=pb_grpc_service.RepositoryIndexResponse.SerializeToString,
         ),
         'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.RepositoryModelLoad),
+            _observed_unary_unary(_guard_unary_unary(servicer.RepositoryModelLoad), 'RepositoryModelLoad', observe),
             request_deserializer=_parser(pb_grpc_service.RepositoryModelLoadRequest),
             response_serializer=pb_grpc_service.RepositoryModelLoadResponse.SerializeToString,
         ),
         'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.RepositoryModelUnload),
+            _observed_unary_unary(_guard_unary_unary(servicer.RepositoryModelUnload), 'RepositoryModelUnload', observe),
             request_deserializer=_parser(pb_grpc_service.RepositoryModelUnloadRequest),
             response_serializer=pb_grpc_service.RepositoryModelUnloadResponse.SerializeToString,
         ),
         'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.SystemSharedMemoryStatus),
+            _observed_unary_unary(_guard_unary_unary(servicer.SystemSharedMemoryStatus), 'SystemSharedMemoryStatus', observe),
             request_deserializer=_parser(pb_grpc_service.SystemSharedMemoryStatusRequest),
             response_serializer=pb_grpc_service.SystemSharedMemoryStatusResponse.SerializeToString,
         ),
         'SystemSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.SystemSharedMemoryRegister),
+            _observed_unary_unary(_guard_unary_unary(servicer.SystemSharedMemoryRegister), 'SystemSharedMemoryRegister', observe),
             request_deserializer=_parser(pb_grpc_service.SystemSharedMemoryRegisterRequest),
             response_serializer=pb_grpc_service.SystemSharedMemoryRegisterResponse.SerializeToString,
         ),
         'SystemSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.SystemSharedMemoryUnregister),
+            _observed_unary_unary(_guard_unary_unary(servicer.SystemSharedMemoryUnregister), 'SystemSharedMemoryUnregister', observe),
             request_deserializer=_parser(pb_grpc_service.SystemSharedMemoryUnregisterRequest),
             response_serializer=pb_grpc_service.SystemSharedMemoryUnregisterResponse.SerializeToString,
         ),
         'CudaSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.CudaSharedMemoryStatus),
+            _observed_unary_unary(_guard_unary_unary(servicer.CudaSharedMemoryStatus), 'CudaSharedMemoryStatus', observe),
             request_deserializer=_parser(pb_grpc_service.CudaSharedMemoryStatusRequest),
             response_serializer=pb_grpc_service.CudaSharedMemoryStatusResponse.SerializeToString,
         ),
         'CudaSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.CudaSharedMemoryRegister),
+            _observed_unary_unary(_guard_unary_unary(servicer.CudaSharedMemoryRegister), 'CudaSharedMemoryRegister', observe),
             request_deserializer=_parser(pb_grpc_service.CudaSharedMemoryRegisterRequest),
             response_serializer=pb_grpc_service.CudaSharedMemoryRegisterResponse.SerializeToString,
         ),
         'CudaSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
-            _guard_unary_unary(servicer.CudaSharedMemoryUnregister),
+            _observed_unary_unary(_guard_unary_unary(servicer.CudaSharedMemoryUnregister), 'CudaSharedMemoryUnregister', observe),
             request_deserializer=_parser(pb_grpc_service.CudaSharedMemoryUnregisterRequest),
             response_serializer=pb_grpc_service.CudaSharedMemoryUnregisterResponse.SerializeToString,
         ),
@@ -227,6 +234,102 @@ async def _checked(requests: AsyncIterator[Any], context: Context) -> AsyncItera
         if isinstance(request, _Malformed):
             await _abort(context, InvalidRequest(request.message))
         yield request
+
+
+# Told about every answered call (metrics, access log): RPC name, code's name, start (perf_counter_ns), request,
+# bytes sent.
+Observe: TypeAlias = Callable[[str, str, int, Any, int], None]
+
+
+def _observer(metrics: Any, log_access: bool) -> Observe | None:
+    """What counts and logs each answered call (None when neither is on)."""
+    if metrics is None and not log_access:
+        return None
+
+    def observe(rpc: str, code: str, start: int, request: Any, sent: int) -> None:
+        if metrics is not None:
+            metrics.count("grpc", rpc, code)
+        if log_access:
+            duration_ms = (time.perf_counter_ns() - start) / 1e6
+            received = _size(request)
+            access_log.info(
+                '"%s/%s" %s %.3f ms %d bytes in, %d bytes out', SERVICE, rpc, code, duration_ms, received, sent,
+                extra={"access": {
+                    "transport": "grpc", "operation": rpc, "status": code, "duration_ms": round(duration_ms, 3),
+                    "request_bytes": received, "response_bytes": sent,
+                }},
+            )
+
+    return observe
+
+
+def _size(item: Any) -> int:
+    """The serialized size of a request or reply (raw tensor bytes included)."""
+    if isinstance(item, bytes | memoryview):
+        return len(item)
+    if isinstance(item, _InferWire):
+        return int(item.message.ByteSize()) + sum(entry.nbytes for entry in item.raw)
+    if isinstance(item, Message):
+        return int(item.ByteSize())
+    return 0
+
+
+def _code(context: Context, exc: BaseException | None) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELLED"
+    code = context.code() if hasattr(context, "code") else None
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    return "UNKNOWN" if exc is not None else "OK"
+
+
+def _observed_unary_unary(method: Callable[[Any, Context], Awaitable[Any]], rpc: str,
+                          observe: Observe | None) -> Callable[[Any, Context], Awaitable[Any]]:
+    if observe is None:
+        return method
+
+    async def observed(request: Any, context: Context) -> Any:
+        start, failure, sent = time.perf_counter_ns(), None, 0
+        try:
+            reply = await method(request, context)
+            sent = _size(reply)
+            return reply
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            observe(rpc, _code(context, failure), start, request, sent)
+
+    return observed
+
+
+def _observed_stream(method: Callable[[Any, Context], AsyncIterator[Any]], rpc: str,
+                     observe: Observe | None) -> Callable[[Any, Context], AsyncIterator[Any]]:
+    if observe is None:
+        return method
+
+    async def observed(request: Any, context: Context) -> AsyncIterator[Any]:
+        start, failure, sent = time.perf_counter_ns(), None, 0
+        try:
+            async for reply in method(request, context):
+                sent += _size(reply)
+                yield reply
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            observe(rpc, _code(context, failure), start, None, sent)
+
+    return observed
+
+
+_observed_unary_stream = _observed_stream
+_observed_stream_stream = _observed_stream
+_observed_stream_unary = _observed_unary_unary
+
+
+def _metadata(context: Context) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
 def _guard_unary_unary(method: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Awaitable[Any]]:
@@ -341,6 +444,9 @@ class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
                 infer_request = decode_infer_request(request.message, self.settings, request.raw)
             else:
                 infer_request = decode_infer_request(request, self.settings)
+            infer_request.transport = "grpc"
+            if self.settings.tracing:
+                infer_request.trace = carrier(_metadata(context).get)
             return _encode_infer_wire(await self.dataplane.model_infer(infer_request))  # type: ignore[return-value]
         except Exception as exc:
             await _abort(context, exc)
@@ -351,12 +457,16 @@ class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a request zero or many times."""
         settings = self.settings
 
+        trace = carrier(_metadata(context).get) if settings.tracing else None
+
         async def requests() -> AsyncIterator[InferRequest | Exception]:
             async for message in _aiter(request_iterator):
                 try:
                     decoded: InferRequest | Exception = decode_infer_request(message, settings)
                 except (OipError, codec.CodecError) as exc:  # this request fails, the stream goes on
                     decoded = _request_error(message, exc)
+                if isinstance(decoded, InferRequest):
+                    decoded.transport, decoded.trace = "grpc", trace
                 yield decoded
 
         try:

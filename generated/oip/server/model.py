@@ -71,11 +71,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy.typing as npt
 
 from .. import datatypes
+
+if TYPE_CHECKING:
+    from .metrics import ModelMetrics
 
 __all__ = ["DynamicBatching", "InferResult", "Model", "TensorSpec", "call_hook", "check_model"]
 
@@ -224,6 +227,16 @@ class Model:
         self.dynamic_batching = DynamicBatching.of(batching) if batching is not None else None
         self.decoupled = decoupled if decoupled is not None else cls.decoupled
         check_model(self)
+
+    @property
+    def metrics(self) -> ModelMetrics:
+        """The model's own metrics, exported at /metrics with its `model` and `version` labels:
+        `self.metrics.counter("tokens", "Tokens generated").inc(n)`, `.gauge(...)`, `.histogram(...)`; extra label
+        names are given when registering and their values with `.labels(...)`. Register once (in `load`, say):
+        the same name gives the same metric."""
+        from .metrics import ModelMetrics
+
+        return ModelMetrics(self.name, self.version)
 
     def load(self) -> Awaitable[None] | None:
         """Prepare the model (read weights, warm up). Raise to report the failure: the version becomes

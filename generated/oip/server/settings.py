@@ -27,7 +27,15 @@ class Settings:
     max_request_bytes: int = 256 * 1024 * 1024  # REST bodies and gRPC messages, each way
     max_tensor_elements: int = 256 * 1024 * 1024  # per tensor, checked before anything is allocated
     log_level: str = "info"
-    access_log: bool = False
+    access_log: bool = False  # one line per request, over both transports (logger "oip.access")
+    metrics: bool = True  # GET /metrics on the REST port (and on metrics_port when set)
+    metrics_port: int | None = None  # a separate listener for /metrics; 0 picks a free port
+    # Upper bounds, in seconds, of the request duration histogram's buckets (also the first-response histogram's,
+    # in milliseconds there).
+    metrics_buckets: tuple[float, ...] = (
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
+    )
+    tracing: bool = False  # set by the data plane when the OpenTelemetry environment turns tracing on
     graceful_shutdown_seconds: float = 30.0
     # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
     reuse_port: bool = False

@@ -44,6 +44,9 @@ class InferRequest:
     # A raw binary request's body (REST `Inference-Header-Content-Length: 0`): the data of the model's only input,
     # whose shape the data plane takes from the model's declaration; `inputs` is empty then.
     raw_input: bytes | memoryview | None = None
+    # The caller's trace context as received (W3C `traceparent`, `tracestate`), or None.
+    trace: dict[str, str] | None = None
+    transport: str = ""  # rest or grpc: which transport received it (for traces and logs)
 
 
 @dataclass(slots=True)

@@ -99,6 +99,7 @@ class _Supervisor:
         self.workers: dict[int, BaseProcess] = {}
         self.restarts: dict[int, list[float]] = {i: [] for i in range(count)}
         self.signals: list[int] = []
+        self.metrics_port: int | None = None
 
     def ready_file(self, index: int) -> Path:
         return self.folder / f"worker-{index}.json"
@@ -124,7 +125,10 @@ class _Supervisor:
         if self.args.ports_file is None:
             return
         path = Path(self.args.ports_file)
-        doc = {"http": http, "grpc": grpc, "workers": [self.workers[i].pid for i in range(self.count)]}
+        doc: dict[str, Any] = {"http": http, "grpc": grpc}
+        if self.metrics_port is not None:
+            doc["metrics"] = self.metrics_port
+        doc["workers"] = [self.workers[i].pid for i in range(self.count)]
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc) + "\n", encoding="utf-8")
         os.replace(tmp, path)
@@ -196,6 +200,9 @@ class _Supervisor:
             if self.args.grpc_port is not None:
                 reserved.append(_reserve(settings_host, self.args.grpc_port))
                 grpc = self.args.grpc_port = int(reserved[-1].getsockname()[1])
+            if getattr(self.args, "metrics", "on") == "on" and getattr(self.args, "metrics_port", None) is not None:
+                reserved.append(_reserve(settings_host, self.args.metrics_port))
+                self.metrics_port = self.args.metrics_port = int(reserved[-1].getsockname()[1])
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self.on_signal)
             for index in range(self.count):

@@ -32,9 +32,11 @@ import grpc.aio
 import uvicorn
 
 from .. import extensions
+from . import timing, tracing
 from .dataplane import DataPlane
 from .grpc import create_grpc_server
 from .http import http_protocol
+from .metrics import CONTENT_TYPE, render
 from .repository import ModelRepository
 from .rest import create_app
 from .settings import Settings
@@ -61,13 +63,16 @@ class Ports:
 
     http: int | None
     grpc: int | None
+    metrics: int | None = None  # --metrics-port
 
 
 # --- logging --------------------------------------------------------------------------------------------------
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, when there is one)."""
+    """One JSON object per line: time, level, logger, message (and the exception, when there is one). A line
+    written while an inference request runs carries its `request_id`, and when it is traced its `trace_id` and
+    `span_id`; an access log line carries the request's fields (`access`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -79,6 +84,16 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "pid": record.process,  # which worker, with --workers
         }
+        timer = timing.current()
+        if timer is not None:
+            if timer.request_id:
+                entry["request_id"] = timer.request_id
+            ids = tracing.current_ids()
+            if ids is not None:
+                entry["trace_id"], entry["span_id"] = ids
+        fields = getattr(record, "access", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
@@ -133,7 +148,8 @@ def _http_socket(host: str, port: int, reuse_port: bool = False) -> socket.socke
 
 def _write_ports_file(path: Path, ports: Ports) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"http": ports.http, "grpc": ports.grpc}) + "\n", encoding="utf-8")
+    doc = {"http": ports.http, "grpc": ports.grpc, **({"metrics": ports.metrics} if ports.metrics else {})}
+    tmp.write_text(json.dumps(doc) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -178,9 +194,12 @@ async def serve(
 
     http: _Uvicorn | None = None
     http_task: asyncio.Task[None] | None = None
+    metrics_http: _Uvicorn | None = None
+    metrics_task: asyncio.Task[None] | None = None
     sockets: list[socket.socket] = []
     grpc_server: grpc.aio.Server | None = None
     control: Any = None
+    dataplane_made: DataPlane | None = None
     if repository is None:
         repository = ModelRepository(settings.model_repository)
     # Plain `infer` methods run in the loop's default executor: exactly `model_threads` of them at once, the
@@ -201,6 +220,7 @@ async def serve(
             control = ControlServer(dataplane, socket_path(worker.folder, worker.index), worker.key, loop)
             if worker.copy_state:
                 await dataplane.copy_state_from_peers()
+        dataplane_made = dataplane
         grpc_port: int | None = None
         if settings.grpc_port is not None:
             grpc_server = create_grpc_server(dataplane, settings)
@@ -220,7 +240,7 @@ async def serve(
             config = uvicorn.Config(
                 create_app(dataplane, settings),
                 log_config=None,
-                access_log=settings.access_log,
+                access_log=False,  # the app writes its own access log (`--access-log`), over both transports
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
@@ -229,16 +249,18 @@ async def serve(
                 server_header=False,
             )
             http = _Uvicorn(config)
-            http_task = asyncio.create_task(http.serve(sockets=sockets))
-            deadline = loop.time() + _STARTUP_TIMEOUT
-            while not http.started:
-                if http_task.done():
-                    await http_task
-                    raise RuntimeError("the REST server stopped while starting")
-                if loop.time() > deadline:
-                    raise RuntimeError("the REST server did not start in time")
-                await asyncio.sleep(0.005)
-        ports = Ports(http_port, grpc_port)
+            http_task = await _start_uvicorn(http, sockets[-1:], "the REST server")
+        metrics_port: int | None = None
+        if settings.metrics and settings.metrics_port is not None:
+            sock = _http_socket(settings.host, settings.metrics_port, reuse_port=settings.reuse_port)
+            sockets.append(sock)
+            metrics_port = int(sock.getsockname()[1])
+            config = uvicorn.Config(
+                _metrics_app(dataplane), log_config=None, access_log=False, lifespan="off", server_header=False
+            )
+            metrics_http = _Uvicorn(config)
+            metrics_task = await _start_uvicorn(metrics_http, sockets[-1:], "the metrics listener")
+        ports = Ports(http_port, grpc_port, metrics_port)
         if ports_file is not None:
             _write_ports_file(ports_file, ports)
         if started is not None and not started.done():
@@ -259,12 +281,49 @@ async def serve(
         if control is not None:
             control.close()
         await _shutdown(settings, http, http_task, grpc_server)
+        if metrics_http is not None and metrics_task is not None:
+            metrics_http.should_exit = True
+            await asyncio.gather(metrics_task, return_exceptions=True)
+        if dataplane_made is not None and dataplane_made.tracing is not None:
+            await asyncio.to_thread(dataplane_made.tracing.shutdown)
         for sock in sockets:
             sock.close()
         await repository.unload_all()
         for number in installed:
             loop.remove_signal_handler(number)
     log.info("stopped")
+
+
+async def _start_uvicorn(server: _Uvicorn, sockets: list[socket.socket], what: str) -> asyncio.Task[None]:
+    """Serve on `sockets` in a task, once it has started (bounded)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(server.serve(sockets=sockets))
+    deadline = loop.time() + _STARTUP_TIMEOUT
+    while not server.started:
+        if task.done():
+            await task
+            raise RuntimeError(f"{what} stopped while starting")
+        if loop.time() > deadline:
+            raise RuntimeError(f"{what} did not start in time")
+        await asyncio.sleep(0.005)
+    return task
+
+
+def _metrics_app(dataplane: DataPlane) -> Any:
+    """The `--metrics-port` listener: GET /metrics, and 404 for anything else."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            status, body, kind = 200, render(await dataplane.metric_families()), CONTENT_TYPE
+        else:
+            status, body, kind = 404, b'{"error":"not found: this listener serves GET /metrics"}', "application/json"
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", kind.encode()), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
 
 
 async def _shutdown(
@@ -305,6 +364,16 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _buckets(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(sorted({float(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not values or values[0] <= 0 or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"bucket bounds must be positive numbers, got {text!r}")
+    return values
 
 
 def _workers(text: str) -> str:
@@ -364,7 +433,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="text lines, or one JSON object per line (default: %(default)s)")
     p.add_argument("--access-log", action="store_true", default=defaults.access_log,
-                   help="log every REST request")
+                   help="log one line per request, REST and gRPC: status, duration, sizes (logger oip.access)")
     p.add_argument("--extensions", type=_extensions, default=None, metavar="LIST",
                    help="comma-separated extensions to serve, by Triton's names (default: every one this server "
                         f"can serve); the protocol's: {', '.join(extensions.EXTENSIONS)}. One left out is not "
@@ -372,6 +441,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--model-threads", type=_positive, default=defaults.model_threads, metavar="N",
                    help="worker threads running models' plain infer() methods; the instance count the model "
                         "configuration reports (default: %(default)s)")
+    p.add_argument("--metrics", choices=("on", "off"), default="on" if defaults.metrics else "off",
+                   help="Prometheus metrics at GET /metrics (default: %(default)s)")
+    p.add_argument("--metrics-port", type=_port, default=defaults.metrics_port, metavar="PORT",
+                   help="also serve /metrics on a separate listener on PORT (0 picks a free one)")
+    p.add_argument("--metrics-buckets", type=_buckets, default=defaults.metrics_buckets, metavar="S,S,...",
+                   help="upper bounds in seconds of the request duration histogram's buckets")
     return p
 
 
@@ -398,6 +473,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_tensor_elements=args.max_tensor_elements,
         log_level=args.log_level,
         access_log=args.access_log,
+        metrics=args.metrics == "on",
+        metrics_port=args.metrics_port,
+        metrics_buckets=args.metrics_buckets,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
         http_header_timeout=args.http_header_timeout,
         http_keep_alive_seconds=args.http_keep_alive_seconds,

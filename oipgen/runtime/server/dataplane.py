@@ -27,10 +27,12 @@ from typing import Any, Final
 from .. import extensions
 from ..grpc import grpc_service_pb2 as pb
 from . import generate
+from . import tracing
 from .classification import CLASSIFICATION
 from .configuration import model_config
 from .dataplane_base import DataPlaneBase
 from .errors import InvalidRequest, NotReady, Unimplemented
+from .metrics import Family, Metrics
 from .model import Model, TensorSpec
 from .pipeline import PARAMETERS, SHARED_MEMORY, Pipeline
 from .repository import ModelRepository
@@ -71,6 +73,13 @@ class DataPlane(DataPlaneBase):
         self.live = True  # the serving layer may turn it off while it shuts down
         self.statistics = Statistics()
         self.observers: list[Observer] = [self.statistics]
+        self.metrics = Metrics(self.statistics, self.settings.metrics_buckets) if self.settings.metrics else None
+        if self.metrics is not None:
+            self.observers.append(self.metrics)
+        self.tracing = tracing.configure(self.settings.server_name)
+        if self.tracing is not None:
+            self.settings.tracing = True
+            self.observers.append(self.tracing)
         self.pipeline = Pipeline(self.repository, self.settings, self.shared_memory, self.enabled, self.observers)
 
     @property
@@ -169,6 +178,11 @@ class DataPlane(DataPlaneBase):
             aclose = getattr(responses, "aclose", None)
             if aclose is not None:
                 await aclose()
+    # --- metrics ------------------------------------------------------------------------------------------
+
+    async def metric_families(self) -> list[Family]:
+        """Every metric of the server (`metrics`); none when metrics are off."""
+        return self.metrics.families() if self.metrics is not None else []
 
     # --- model configuration and statistics extensions ------------------------------------------------
 

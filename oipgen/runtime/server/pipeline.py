@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from .batching import Batcher, is_batching
 from .classification import CLASSIFICATION, check_classification, classify
-from .errors import InvalidRequest, ModelFailure, OipError, Unimplemented
+from .errors import Cancelled, InvalidRequest, ModelFailure, OipError, Unimplemented
 from .model import Model, TensorSpec, call_hook
 from .repository import ModelRepository
 from .settings import Settings
@@ -55,6 +55,7 @@ from .timing import (
     Timer,
     notify_execution,
     notify_request,
+    notify_started,
 )
 from .types import InferRequest, InferResponse, Tensor
 from .validation import (
@@ -113,7 +114,7 @@ class Pipeline:
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        timer = Timer(request.id)
+        timer = Timer(request.id, request.trace, request.transport)
         async with self.repository.lease(request.model_name, request.model_version) as model:
             if model.decoupled:
                 raise Unimplemented(
@@ -121,12 +122,13 @@ class Pipeline:
                     "ModelInfer and the REST infer endpoint do not support models with a decoupled transaction "
                     "policy; use the ModelStreamInfer gRPC stream"
                 )
+            notify_started(self.observers, timer, model.name, model.version)
             try:
                 prepared = self.prepare(model, request)
                 with self.shared_memory.using(prepared.placements) as regions:
                     result = await self.schedule(model, prepared, timer)
                     response = self.finish(model, request, prepared, result, regions)
-            except Exception as exc:
+            except BaseException as exc:  # cancelled too: the caller went away
                 self._failed(timer, model, exc)
                 raise
         self._succeeded(timer, model, prepared.batch_size, executed=not is_batching(model))
@@ -228,9 +230,10 @@ class Pipeline:
     async def infer_decoupled(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """The responses of a decoupled model to one request, each flagged `triton_final_response: false`, then
         an empty final response if the request asked for it (`triton_enable_empty_final_response`)."""
-        timer = Timer(request.id)
+        timer = Timer(request.id, request.trace, request.transport)
         empty_final = request.parameters.get(EMPTY_FINAL) is True
         async with self.repository.lease(request.model_name, request.model_version) as model:
+            notify_started(self.observers, timer, model.name, model.version)
             try:
                 prepared = self.prepare(model, request)
                 timer.enter(COMPUTE_INFER)
@@ -239,11 +242,14 @@ class Pipeline:
                         timer.enter(COMPUTE_OUTPUT)
                         response = self.finish(model, request, prepared, result, regions)
                         response.parameters[FINAL] = False
-                        timer.enter(None)  # the time the transport takes is not the model's
+                        if timer.first_response is None:
+                            timer.first_response = timer.enter(None)  # the transport's time is not the model's
+                        else:
+                            timer.enter(None)
                         yield response
                         timer.enter(COMPUTE_INFER)
                     timer.enter(None)
-            except Exception as exc:
+            except BaseException as exc:  # cancelled too: the stream went away
                 self._failed(timer, model, exc)
                 raise
         self._succeeded(timer, model, prepared.batch_size, executed=True)
@@ -359,8 +365,13 @@ class Pipeline:
             notify_execution(self.observers, _execution(record))
         notify_request(self.observers, record)
 
-    def _failed(self, timer: Timer, model: Model, exc: Exception) -> None:
-        error = exc if isinstance(exc, OipError) else ModelFailure(f"internal server error ({type(exc).__name__})")
+    def _failed(self, timer: Timer, model: Model, exc: BaseException) -> None:
+        if isinstance(exc, OipError):
+            error = exc
+        elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            error = Cancelled("the request was cancelled")
+        else:
+            error = ModelFailure(f"internal server error ({type(exc).__name__})")
         notify_request(self.observers, timer.record(model.name, model.version, 1, error))
 
 

@@ -17,6 +17,10 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
 - Every error has one shape, `{"error": "<message>"}`: the data plane's errors by kind, undecodable bodies
   400, unknown paths 404, wrong methods 405, bodies over `Settings.max_request_bytes` 413, anything
   unexpected 500 (logged here, never sent with a traceback).
+- Observability: `GET /metrics` (Prometheus, `Settings.metrics`); every answered request is counted by
+  operation and status, and logged when `Settings.access_log` is on (logger `oip.access`: method, path, status,
+  duration, bytes in and out); an inference request carries the caller's W3C trace context (`traceparent`,
+  `tracestate` headers) to the data plane.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -46,10 +51,15 @@ from ..grpc import wire
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
+<<<<<<< HEAD
 from .model_openapi import model_document
+=======
+from .metrics import CONTENT_TYPE, render
+>>>>>>> cbc5633 (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 from .openapi import DOCUMENT
 from .repository import ModelRepository
 from .settings import Settings
+from .tracing import carrier
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 __all__ = [
@@ -57,6 +67,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("oip.access")
 
 _JSON: Final = framing.JSON_TYPE
 _OPENAPI_URL: Final = "/openapi.json"
@@ -92,11 +103,33 @@ class OipApp(FastAPI):
     """
 
     fast_routes: tuple[tuple[str, re.Pattern[str], Handler], ...] = ()
+    # Told about every answered request (metrics, access log): scope, status, bytes sent, start (perf_counter_ns).
+    observe: Callable[[Scope, int, int, int], None] | None = None
 
     def openapi(self) -> dict[str, Any]:
         return DOCUMENT
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        observe = self.observe
+        if observe is None or scope["type"] != "http":
+            await self._dispatch(scope, receive, send)
+            return
+        start = time.perf_counter_ns()
+        answer = [0, 0]  # status, body bytes
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                answer[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                answer[1] += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self._dispatch(scope, receive, sending)
+        finally:
+            observe(scope, answer[0], answer[1], start)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self.root_path:
             method, path = scope["method"], scope["path"]
             for route_method, pattern, handler in self.fast_routes:
@@ -154,6 +187,17 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     app.add_exception_handler(OipError, http_error)
     app.add_exception_handler(Exception, http_error)
 
+    metrics = getattr(dataplane, "metrics", None)
+    if settings.metrics and metrics is not None:
+        families = getattr(dataplane, "metric_families")
+
+        async def serve_metrics(request: Request) -> Response:
+            request.scope["oip_operation"] = "metrics"
+            return Response(render(await families()), media_type=CONTENT_TYPE)
+
+        app.add_route("/metrics", serve_metrics, methods=["GET"], include_in_schema=False)
+    app.observe = _observer(metrics if settings.metrics else None, settings.access_log)
+
     every: list[Endpoint | RestOnlyEndpoint] = [*ENDPOINTS, *REST_ONLY_ENDPOINTS]
     for endpoint in sorted(every, key=_route_order):
         if isinstance(endpoint, RestOnlyEndpoint):
@@ -167,6 +211,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     return app
 
 
+<<<<<<< HEAD
 async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
     """The OpenAPI document of this moment: the spec's, with the inference of every ready model version (and of
     each ready model at the version the server picks) from its metadata (`model_openapi.model_document`). The ready
@@ -199,6 +244,33 @@ async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
                 continue
     # Made in a worker thread: a first document over many models takes a while, and inference must not wait.
     return await asyncio.to_thread(model_document, models)
+=======
+def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int], None] | None:
+    """What counts and logs each answered request (None when neither is on)."""
+    if metrics is None and not log_access:
+        return None
+
+    def observe(scope: Scope, status: int, sent: int, start: int) -> None:
+        operation = scope.get("oip_operation") or "unknown"
+        if metrics is not None:
+            metrics.count("rest", operation, str(status))
+        if log_access:
+            duration_ms = (time.perf_counter_ns() - start) / 1e6
+            received = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"0").decode()
+            client = scope.get("client") or ("", 0)
+            path = scope.get("path", "")
+            access_log.info(
+                '%s "%s %s" %d %.3f ms %s bytes in, %d bytes out', client[0], scope.get("method"), path, status,
+                duration_ms, received, sent,
+                extra={"access": {
+                    "transport": "rest", "operation": operation, "method": scope.get("method"), "path": path,
+                    "status": status, "duration_ms": round(duration_ms, 3), "request_bytes": int(received or 0),
+                    "response_bytes": sent, "client": client[0],
+                }},
+            )
+
+    return observe
+>>>>>>> cbc5633 (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 
 
 def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:
@@ -289,6 +361,7 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
     call: Callable[[Message], Awaitable[Message]] = getattr(dataplane, endpoint.operation)
 
     async def handle(request: Request) -> Response:
+        request.scope["oip_operation"] = endpoint.operation
         try:
             fields = {field: request.path_params[name] for name, field in endpoint.params}
             body: Any = None
@@ -415,6 +488,7 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
     call: Callable[[InferRequest], Awaitable[InferResponse]] = getattr(dataplane, endpoint.operation)
 
     async def handle(request: Request) -> Response:
+        request.scope["oip_operation"] = endpoint.operation
         try:
             raw = await _read_body(request, settings.max_request_bytes)
             header_length = request.headers.get(framing.HEADER_LENGTH)
@@ -431,6 +505,9 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
                 infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings)
                 for field, value in fields.items():
                     setattr(infer_request, field, value)
+            infer_request.transport = "rest"
+            if settings.tracing:
+                infer_request.trace = carrier(request.headers.get)
             response = await call(infer_request)
             return encode_infer_response(response, listed, default_binary)
         except Exception as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..grpc import grpc_service_pb2 as pb
 from .timing import ExecutionRecord, InferenceRecord, Observer
@@ -169,6 +170,22 @@ class Statistics(Observer):
     def get(self, name: str, version: str) -> ModelStats | None:
         """The statistics of `name` at `version`, None when it never served a request."""
         return self._models.get((name, version))
+
+    def snapshot(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Every model version's counters, by (name, version): `(count, ns)` for each duration (success, fail,
+        queue, compute_input, compute_infer, compute_output), and inference_count and execution_count."""
+        with self._lock:
+            models = list(self._models.items())
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for key, stats in models:
+            with stats._lock:
+                out[key] = {
+                    name: (getattr(stats, name).count, getattr(stats, name).ns)
+                    for name in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+                }
+                out[key]["inference_count"] = stats.inference_count
+                out[key]["execution_count"] = stats.execution_count
+        return out
 
     def to_proto(self, name: str, version: str) -> pb.ModelStatistics:
         """The `inference.ModelStatistics` of `name` at `version` (all zero when it never served a request)."""

@@ -14,15 +14,21 @@ data plane; every run of a model (one per request, or one per batch under dynami
 `ExecutionRecord`. The statistics extension (`statistics.Statistics`) is such an observer; metrics and tracing
 subscribe the same way (`DataPlane.observers`). Observers are called on the event loop: they must be quick, and
 an exception in one is logged and otherwise ignored.
+
+Observers are also told when a request starts (`request_started`, once its model version is known), with the
+request's timer: `Timer.state` holds what an observer keeps for the request until it finishes (a trace span), and
+`Timer.trace` the caller's trace context as the transport received it (W3C `traceparent` and `tracestate`). While
+a request runs, `current()` is its timer, so that log lines written meanwhile name the request.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from .errors import ErrorKind, OipError
 
@@ -37,8 +43,10 @@ __all__ = [
     "Observer",
     "Span",
     "Timer",
+    "current",
     "notify_execution",
     "notify_request",
+    "notify_started",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,6 +92,8 @@ class InferenceRecord:
     total_ns: int  # from the data plane's first look at the request to its last response
     start_ns: int  # when the request reached the data plane, in nanoseconds since the Unix epoch
     spans: tuple[Span, ...]  # the phases in the order the request went through them (at most MAX_SPANS)
+    first_response_ns: int | None = None  # a decoupled model's first response, after the start; None: none sent
+    state: dict[str, Any] = field(default_factory=dict)  # what observers kept for the request (`Timer.state`)
 
     @property
     def ok(self) -> bool:
@@ -111,6 +121,9 @@ class Observer:
     """Told about every inference request and model run of a data plane (`DataPlane.observers`). Override what
     you need; both methods do nothing here."""
 
+    def request_started(self, timer: Timer, model: str, version: str) -> None:
+        """A request reached its model version: it will finish, and be told about, exactly once."""
+
     def request_finished(self, record: InferenceRecord) -> None:
         """A request is done, successfully or not."""
 
@@ -126,10 +139,16 @@ class Timer:
     (`time.perf_counter_ns()`, as when a worker thread started the model). `record` makes the request's record.
     """
 
-    __slots__ = ("_durations", "_mark", "_phase", "_spans", "request_id", "start", "start_unix")
+    __slots__ = (
+        "_durations", "_mark", "_phase", "_spans", "first_response", "request_id", "start", "start_unix", "state",
+        "trace",
+    )
 
-    def __init__(self, request_id: str = "") -> None:
+    def __init__(self, request_id: str = "", trace: Mapping[str, str] | None = None, transport: str = "") -> None:
         self.request_id = request_id
+        self.trace = trace
+        self.state: dict[str, Any] = {"transport": transport} if transport else {}
+        self.first_response: int | None = None  # perf_counter_ns of a decoupled model's first response
         self.start = time.perf_counter_ns()
         self.start_unix = time.time_ns()
         self._phase: str | None = COMPUTE_INPUT
@@ -177,7 +196,27 @@ class Timer:
             total_ns=end - self.start,
             start_ns=self.start_unix,
             spans=tuple(Span(phase, start + offset, end_ + offset) for phase, start, end_ in self._spans),
+            first_response_ns=None if self.first_response is None else self.first_response - self.start,
+            state=self.state,
         )
+
+
+_CURRENT: contextvars.ContextVar[Timer | None] = contextvars.ContextVar("oip_timer", default=None)
+
+
+def current() -> Timer | None:
+    """The timer of the inference request running in this context (task or thread), if any."""
+    return _CURRENT.get()
+
+
+def notify_started(observers: Iterable[Observer], timer: Timer, model: str, version: str) -> None:
+    """Make `timer` the current request's and tell every observer it started; exceptions are logged."""
+    _CURRENT.set(timer)
+    for observer in observers:
+        try:
+            observer.request_started(timer, model, version)
+        except Exception:
+            log.exception("observer %r failed on a started request", observer)
 
 
 def notify_request(observers: Iterable[Observer], record: InferenceRecord) -> None:

@@ -1,0 +1,474 @@
+"""Observability of the generated server: Prometheus metrics, OpenTelemetry traces, structured logs.
+
+- /metrics is read with Prometheus' own parser. Triton's nv_inference_* counters agree exactly with the
+  statistics extension for the same model and version (durations: the statistics' ns // 1000), failures carry
+  Triton's reason, a batch of n counts n inferences, a decoupled model's first response is timed, requests are
+  counted per transport, operation and answer, and a model's own metrics come out with its labels.
+- Traces go to a real OTLP receiver on loopback (HTTP/protobuf and gRPC, decoded with opentelemetry-proto): the
+  trace id sent in `traceparent` (REST header, gRPC metadata) comes back in the exported spans, the request span's
+  parent is the caller's span, and its children are the timer's phases. The generated clients propagate the
+  caller's current context.
+- JSON log lines of a traced request carry its request, trace and span ids; the access log has one line per
+  request over both transports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from oip.grpc import grpc_service_pb2 as pb
+from oip.grpc import grpc_service_pb2_grpc as pb_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from prometheus_client.parser import text_string_to_metric_families
+from serving import (
+    TIMEOUT,
+    Server,
+    assert_error_body,
+    build_repository,
+    simple_body,
+    simple_grpc_request,
+    start_server,
+)
+
+# Models of this module: a batching identity, a decoupled word splitter, a model that fails, and one that keeps
+# its own metrics.
+MODELS = {
+    "batched": ('class = "model:Batched"\nmax_batch_size = 8\n', '''
+        from oip.server import Model, TensorSpec
+
+        class Batched(Model):
+            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
+            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
+
+            def infer(self, inputs, parameters):
+                return {"OUTPUT0": inputs["INPUT0"]}
+    '''),
+    "words": ('class = "model:Words"\ndecoupled = true\n', '''
+        import numpy as np
+        from oip.server import Model, TensorSpec
+
+        class Words(Model):
+            inputs = (TensorSpec("TEXT", "BYTES", [1]),)
+            outputs = (TensorSpec("WORD", "BYTES", [1]),)
+
+            def infer(self, inputs, parameters):
+                for word in inputs["TEXT"][0].split():
+                    yield {"WORD": np.array([word], dtype=object)}
+    '''),
+    "broken_math": ('class = "model:BrokenMath"\n', '''
+        from oip.server import Model, TensorSpec
+
+        class BrokenMath(Model):
+            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
+            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
+
+            def infer(self, inputs, parameters):
+                raise ZeroDivisionError("the model divided by zero")
+    '''),
+    "counting": ('class = "model:Counting"\n', '''
+        from oip.server import Model, TensorSpec
+
+        class Counting(Model):
+            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
+            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
+
+            def load(self):
+                self.seen = self.metrics.counter("counting_values_total", "Values seen, by sign", ["sign"])
+                self.last = self.metrics.gauge("counting_last_sum", "Sum of the last input")
+
+            def infer(self, inputs, parameters):
+                values = inputs["INPUT0"]
+                self.seen.labels(sign="positive").inc(int((values > 0).sum()))
+                self.seen.labels(sign="other").inc(int((values <= 0).sum()))
+                self.last.set(float(values.sum()))
+                return {"OUTPUT0": values}
+    '''),
+}
+
+
+def write_models(repository: Path) -> None:
+    for name, (toml, code) in MODELS.items():
+        folder = repository / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.toml").write_text(toml)
+        (folder / "model.py").write_text(textwrap.dedent(code))
+
+
+def fp32_body(values: list[float], shape: list[int] | None = None) -> dict[str, Any]:
+    return {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape or [len(values)], "data": values}]}
+
+
+def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """/metrics, parsed by Prometheus' reference parser: sample name -> labels -> value. The parser names a
+    counter's samples `<name>_total`; Triton's counters are exposed without the suffix, which is checked here and
+    undone, so that tests look samples up by the names a dashboard queries."""
+    response = httpx.get(f"{url}/metrics", timeout=TIMEOUT, trust_env=False)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            name = sample.name
+            if family.type == "counter" and name.startswith("nv_") and name.endswith("_total"):
+                name = name.removesuffix("_total")
+                assert f"\n{name}{{" in response.text and f"# TYPE {name} counter" in response.text, name
+            out.setdefault(name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    return float(samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0))
+
+
+# --- a receiver of OTLP trace exports --------------------------------------------------------------------------
+
+
+class Receiver:
+    """What a real OTLP endpoint received: every span of every ExportTraceServiceRequest, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def take(self, data: bytes) -> None:
+        request = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
+        with self.lock:
+            for resource in request.resource_spans:
+                service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        self.spans.append({
+                            "service": service, "name": span.name, "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
+                            "attributes": {a.key: _any(a.value) for a in span.attributes},
+                            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
+                        })
+
+    def trace(self, trace_id: str, count: int) -> list[dict[str, Any]]:
+        """The spans of `trace_id`, once at least `count` arrived (bounded wait)."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with self.lock:
+                found = [s for s in self.spans if s["trace_id"] == trace_id]
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"{len(found)} span(s) of trace {trace_id} arrived, expected {count}: {self.spans}")
+
+
+def _any(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+@pytest.fixture(scope="module")
+def http_receiver() -> Iterator[tuple[Receiver, str]]:
+    receiver = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            data = self.rfile.read(int(self.headers.get("content-length", "0")))
+            assert self.path == "/v1/traces" and self.headers.get("content-type") == "application/x-protobuf"
+            receiver.take(data)
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield receiver, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def grpc_receiver() -> Iterator[tuple[Receiver, str]]:
+    receiver = Receiver()
+    empty = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+
+    def export(request: bytes, context: Any) -> bytes:
+        receiver.take(request)
+        return empty
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(export)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"http://127.0.0.1:{port}"
+    server.stop(0)
+
+
+# --- servers ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = build_repository(tmp_path_factory.mktemp("observability") / "models", only=("simple",))
+    write_models(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def metered(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Metrics on (the default), with the histogram's buckets chosen, a separate metrics listener, access log."""
+    server = start_server(repository, tmp_path_factory.mktemp("metered"), "--metrics-buckets", "0.002,0.5,0.001",
+                          "--metrics-port", "0", "--access-log", "--log-format", "json",
+                          ready=("simple", "batched", "words", "counting"))
+    yield server
+    assert server.stop() == 0, server.log_text()
+
+
+def test_triton_counters_agree_with_statistics(metered: Server) -> None:
+    with metered.clients() as (http, stub):
+        for _ in range(5):
+            assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
+            stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT)
+        bad = simple_body()
+        bad["inputs"][0]["datatype"] = "FP32"
+        for _ in range(3):  # refused by validation: REJECTED
+            assert_error_body(http.post("/v2/models/simple/infer", json=bad), 400)
+        stats = http.get("/v2/models/simple/versions/1/stats").json()["model_stats"][0]
+    samples = scrape(metered.url)
+    labels = {"model": "simple", "version": "1"}
+    assert value(samples, "nv_inference_request_success", **labels) == stats["inference_stats"]["success"]["count"] == 10
+    assert value(samples, "nv_inference_count", **labels) == stats["inference_count"] == 10
+    assert value(samples, "nv_inference_exec_count", **labels) == stats["execution_count"] == 10
+    for metric, phase in (("request", "success"), ("queue", "queue"), ("compute_input", "compute_input"),
+                          ("compute_infer", "compute_infer"), ("compute_output", "compute_output")):
+        us = value(samples, f"nv_inference_{metric}_duration_us", **labels)
+        assert us == stats["inference_stats"][phase]["ns"] // 1000 and us > 0, (metric, us, stats)
+    failures = {reason: value(samples, "nv_inference_request_failure", **labels, reason=reason)
+                for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
+    assert failures == {"REJECTED": 3, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+    assert sum(failures.values()) == stats["inference_stats"]["fail"]["count"]
+    assert value(samples, "nv_inference_pending_request_count", **labels) == 0
+
+
+def test_model_failures_are_backend_and_a_batch_counts_its_size(metered: Server) -> None:
+    with metered.http_client() as http:
+        assert http.post("/v2/repository/models/broken_math/load").status_code == 200
+        assert_error_body(http.post("/v2/models/broken_math/infer", json=fp32_body([1, 2])), 500)
+        answer = http.post("/v2/models/batched/infer", json=fp32_body([1, 2, 3, 4, 5, 6], [3, 2]))
+        assert answer.status_code == 200, answer.text
+        stats = http.get("/v2/models/batched/stats").json()["model_stats"][0]
+    samples = scrape(metered.url)
+    assert value(samples, "nv_inference_request_failure", model="broken_math", version="1", reason="BACKEND") == 1
+    assert value(samples, "nv_inference_count", model="batched", version="1") == stats["inference_count"] == 3
+    assert value(samples, "nv_inference_exec_count", model="batched", version="1") == 1
+
+
+def test_histograms_and_requests_by_transport(metered: Server) -> None:
+    before = scrape(metered.url)
+    with metered.clients() as (http, stub):
+        assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
+        assert http.post("/v2/models/nope/infer", json=simple_body()).status_code == 404
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(pb.ModelInferRequest(model_name="nope"), timeout=TIMEOUT)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT)
+    after = scrape(metered.url)
+
+    def delta(**labels: str) -> float:
+        return value(after, "oip_requests_total", **labels) - value(before, "oip_requests_total", **labels)
+
+    assert delta(transport="rest", operation="model_infer", code="200") == 1
+    assert delta(transport="rest", operation="model_infer", code="404") == 1
+    assert delta(transport="grpc", operation="ModelInfer", code="NOT_FOUND") == 1
+    assert delta(transport="grpc", operation="ServerLive", code="OK") == 1
+    # The buckets asked for, sorted, and +Inf; cumulative counts ending at the count.
+    buckets = after["nv_inference_request_duration_seconds_bucket"]
+    bounds = sorted(dict(key)["le"] for key in buckets if dict(key)["model"] == "simple")
+    assert bounds == sorted(["0.001", "0.002", "0.5", "+Inf"])
+    count = value(after, "nv_inference_request_duration_seconds_count", model="simple", version="1")
+    assert value(after, "nv_inference_request_duration_seconds_bucket", model="simple", version="1", le="+Inf") == count
+    assert count == value(after, "nv_inference_request_success", model="simple", version="1")
+
+
+def test_time_to_first_response_of_a_decoupled_model(metered: Server) -> None:
+    import tritonclient.grpc as grpcclient
+
+    results: list[Any] = []
+    client = grpcclient.InferenceServerClient(metered.target)
+    try:
+        client.start_stream(callback=lambda result, error: results.append(error or result))
+        tensor = grpcclient.InferInput("TEXT", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"one two three"], dtype=object))
+        client.async_stream_infer("words", [tensor])
+        deadline = time.monotonic() + TIMEOUT
+        while len(results) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert [r.as_numpy("WORD")[0] for r in results] == [b"one", b"two", b"three"]
+    samples = scrape(metered.url)
+    assert value(samples, "nv_inference_first_response_histogram_ms_count", model="words", version="1") == 1
+    bounds = {dict(k)["le"] for k in samples["nv_inference_first_response_histogram_ms_bucket"]}
+    assert bounds == {"1", "2", "500", "+Inf"}  # the seconds' bounds, in milliseconds
+
+
+def test_a_model_exports_its_own_metrics(metered: Server) -> None:
+    with metered.http_client() as http:
+        answer = http.post("/v2/models/counting/infer", json=fp32_body([1.5, -2.0]))
+        assert answer.status_code == 200, answer.text
+        http.post("/v2/models/counting/infer", json=fp32_body([3.0, 4.0]))
+    samples = scrape(metered.url)
+    labels = {"model": "counting", "version": "1"}
+    assert value(samples, "counting_values_total", **labels, sign="positive") == 3
+    assert value(samples, "counting_values_total", **labels, sign="other") == 1
+    assert value(samples, "counting_last_sum", **labels) == 7.0
+
+
+def test_the_separate_metrics_listener_and_the_access_log(metered: Server) -> None:
+    ports = json.loads((metered.log.parent / "ports.json").read_text())
+    separate = scrape(f"http://127.0.0.1:{ports['metrics']}")
+    assert "nv_inference_request_success" in separate
+    assert httpx.get(f"http://127.0.0.1:{ports['metrics']}/v2/health/live", trust_env=False).status_code == 404
+    with metered.clients() as (http, stub):
+        http.post("/v2/models/simple/infer", json=simple_body(id="logged-rest"))
+        request = simple_grpc_request()
+        request.id = "logged-grpc"
+        stub.ModelInfer(request, timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    lines: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for line in metered.log_text().splitlines() if line.startswith("{")]
+        ids = {line.get("request_id") for line in lines if line["logger"] == "oip.access"}
+        if {"logged-rest", "logged-grpc"} <= ids:
+            break
+        time.sleep(0.05)
+    rest = next(x for x in lines if x["logger"] == "oip.access" and x.get("request_id") == "logged-rest")
+    grpc_line = next(x for x in lines if x["logger"] == "oip.access" and x.get("request_id") == "logged-grpc")
+    assert rest["transport"] == "rest" and rest["status"] == 200 and rest["path"] == "/v2/models/simple/infer"
+    assert rest["request_bytes"] > 0 and rest["response_bytes"] > 0 and rest["duration_ms"] > 0
+    assert grpc_line["transport"] == "grpc" and grpc_line["status"] == "OK" and grpc_line["operation"] == "ModelInfer"
+    assert grpc_line["request_bytes"] == request.ByteSize() and grpc_line["response_bytes"] > 0
+
+
+def test_metrics_off(repository: Path, tmp_path: Path) -> None:
+    server = start_server(repository, tmp_path, "--metrics", "off", ready=("simple",))
+    try:
+        with server.http_client() as http:
+            assert_error_body(http.get("/metrics"), 404)
+            assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+# --- traces -----------------------------------------------------------------------------------------------------
+
+
+def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str) -> Server:
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "oip-under-test",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        return start_server(repository, workdir, "--log-format", "json", "--access-log", ready=("simple",))
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def check_trace(spans: list[dict[str, Any]], parent: str, transport: str, request_id: str) -> dict[str, Any]:
+    request = next(s for s in spans if s["name"] == "ModelInfer simple")
+    assert request["service"] == "oip-under-test"
+    assert request["parent"] == parent  # the caller's span
+    assert request["attributes"] == {"model_name": "simple", "model_version": "1", "request_id": request_id,
+                                     "transport": transport, "status": "OK"}
+    children = {s["name"]: s for s in spans if s["parent"] == request["span_id"]}
+    assert set(children) == {"queue", "compute_input", "compute_infer", "compute_output"}, spans
+    for child in children.values():
+        assert request["start"] <= child["start"] <= child["end"] <= request["end"]
+    return request
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path: Path,
+                                       http_receiver: tuple[Receiver, str],
+                                       grpc_receiver: tuple[Receiver, str]) -> None:
+    receiver, endpoint = http_receiver if protocol == "http/protobuf" else grpc_receiver
+    server = traced_server(repository, tmp_path, endpoint, protocol)
+    try:
+        rest_trace, rest_parent = secrets.token_hex(16), secrets.token_hex(8)
+        grpc_trace, grpc_parent = secrets.token_hex(16), secrets.token_hex(8)
+        with server.clients() as (http, stub):
+            answer = http.post("/v2/models/simple/infer", json=simple_body(id="traced-rest"),
+                               headers={"traceparent": f"00-{rest_trace}-{rest_parent}-01"})
+            assert answer.status_code == 200
+            request = simple_grpc_request()
+            request.id = "traced-grpc"
+            stub.ModelInfer(request, timeout=TIMEOUT, metadata=(("traceparent", f"00-{grpc_trace}-{grpc_parent}-01"),))
+        rest_span = check_trace(receiver.trace(rest_trace, 5), rest_parent, "rest", "traced-rest")
+        check_trace(receiver.trace(grpc_trace, 5), grpc_parent, "grpc", "traced-grpc")
+        # The log lines of the traced request carry its ids.
+        lines = [json.loads(x) for x in server.log_text().splitlines() if x.startswith("{")]
+        logged = next(x for x in lines if x.get("request_id") == "traced-rest")
+        assert logged["trace_id"] == rest_trace and logged["span_id"] == rest_span["span_id"]
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+def test_the_generated_clients_propagate_the_callers_context(repository: Path, tmp_path: Path,
+                                                             http_receiver: tuple[Receiver, str]) -> None:
+    from oip.client import GrpcClient, RestClient
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    receiver, endpoint = http_receiver
+    server = traced_server(repository, tmp_path, endpoint, "http/protobuf")
+    tracer = TracerProvider().get_tracer("test")
+    inputs = {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16), "INPUT1": np.ones((1, 16), dtype=np.int32)}
+    try:
+        for make in (lambda: RestClient(server.url), lambda: GrpcClient(server.target)):
+            with tracer.start_as_current_span("caller") as span, make() as client:
+                client.infer("simple", inputs)
+                context = span.get_span_context()
+            spans = receiver.trace(f"{context.trace_id:032x}", 5)
+            request = next(s for s in spans if s["name"] == "ModelInfer simple")
+            assert request["parent"] == f"{context.span_id:016x}"
+        assert trace.get_current_span().get_span_context().is_valid is False  # nothing leaked
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
+    """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: a traceparent changes nothing."""
+    receiver, _ = http_receiver
+    trace_id = secrets.token_hex(16)
+    with metered.http_client() as http:
+        answer = http.post("/v2/models/simple/infer", json=simple_body(),
+                           headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    assert answer.status_code == 200
+    time.sleep(0.3)
+    assert not [s for s in receiver.spans if s["trace_id"] == trace_id]
+    assert "tracing on" not in metered.log_text()
