@@ -31,7 +31,6 @@ import httpx
 import numpy as np
 import pytest
 from oip.grpc import grpc_service_pb2 as pb
-from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 from serving import (
@@ -180,7 +179,7 @@ def http_receiver() -> Iterator[tuple[Receiver, str]]:
     receiver = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:
             data = self.rfile.read(int(self.headers.get("content-length", "0")))
             assert self.path == "/v1/traces" and self.headers.get("content-type") == "application/x-protobuf"
             receiver.take(data)
@@ -253,7 +252,8 @@ def test_triton_counters_agree_with_statistics(metered: Server) -> None:
         stats = http.get("/v2/models/simple/versions/1/stats").json()["model_stats"][0]
     samples = scrape(metered.url)
     labels = {"model": "simple", "version": "1"}
-    assert value(samples, "nv_inference_request_success", **labels) == stats["inference_stats"]["success"]["count"] == 10
+    success = stats["inference_stats"]["success"]["count"]
+    assert value(samples, "nv_inference_request_success", **labels) == success == 10
     assert value(samples, "nv_inference_count", **labels) == stats["inference_count"] == 10
     assert value(samples, "nv_inference_exec_count", **labels) == stats["execution_count"] == 10
     for metric, phase in (("request", "success"), ("queue", "queue"), ("compute_input", "compute_input"),

@@ -65,7 +65,8 @@ def served_by(server: Server, since: int) -> dict[int, int]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("logger") == "oip.access" and entry.get("transport") == "rest" and "/infer" in entry.get("path", ""):
+        access = entry.get("logger") == "oip.access" and entry.get("transport") == "rest"
+        if access and "/infer" in entry.get("path", ""):
             counts[entry["pid"]] = counts.get(entry["pid"], 0) + 1
     return counts
 
