@@ -36,12 +36,8 @@ from .. import convert, models
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc, wire
 from ._shared import Headers, b64, body, complete, merge, validated, validated_list
-<<<<<<< HEAD
 from .errors import InvalidArgument, OipClientError, ResponseError, Unimplemented, from_grpc
-=======
 from .propagation import with_trace_context
-from .errors import InvalidArgument, OipClientError, ResponseError, from_grpc
->>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 from .tensors import (
     CONTENTS,
     NONE,

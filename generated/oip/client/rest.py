@@ -29,7 +29,6 @@ import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from .. import models
-<<<<<<< HEAD
 from ._shared import (
     EventReader,
     Headers,
@@ -42,10 +41,7 @@ from ._shared import (
     validated,
     validated_list,
 )
-=======
-from ._shared import Headers, b64, body, from_rest, given, merge, validated, validated_list
 from .propagation import with_trace_context
->>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 from .errors import (
     DeadlineExceeded,
     InvalidArgument,

@@ -30,11 +30,8 @@ from typing import Any, Final
 
 from .. import extensions
 from ..grpc import grpc_service_pb2 as pb
-<<<<<<< HEAD
 from . import generate
-=======
 from . import tracing
->>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 from .classification import CLASSIFICATION
 from .configuration import model_config
 from .dataplane_base import DataPlaneBase
@@ -153,7 +150,6 @@ class DataPlane(DataPlaneBase):
         failed request yields its error (a `streaming.StreamError`) and the stream goes on."""
         return self.pipeline.stream(requests)
 
-<<<<<<< HEAD
     # --- Triton's generate extension (REST only; see `generate`) -------------------------------------------
 
     async def generate(self, path: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
@@ -186,13 +182,11 @@ class DataPlane(DataPlaneBase):
             aclose = getattr(responses, "aclose", None)
             if aclose is not None:
                 await aclose()
-=======
     # --- metrics ------------------------------------------------------------------------------------------
 
     async def metric_families(self) -> list[Family]:
         """Every metric of the server (`metrics`); none when metrics are off."""
         return self.metrics.families() if self.metrics is not None else []
->>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 
     # --- model configuration and statistics extensions ------------------------------------------------
 

@@ -32,6 +32,7 @@ from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc, wire
 from .dataplane_base import DataPlaneBase
 from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
+from .grpc_threads import NOT_HERE, threaded_server
 from .settings import Settings
 from .tracing import carrier
 from .streaming import StreamError, final_response
@@ -55,25 +56,62 @@ _RAW_INPUT_FIELD: Final = 7
 _RAW_OUTPUT_FIELD: Final = 6
 
 
-def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.aio.Server:
-    """A grpc.aio server answering every RPC of the service from `dataplane`; bind it with `add_insecure_port`.
+def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.Server:
+    """The gRPC server answering every RPC of the service from `dataplane` (see `grpc_threads`: grpcio's thread
+    pool server; unary inference on a model that allows it runs wholly in the gRPC thread, everything else as the
+    servicer's coroutines on this event loop); bind it with `add_insecure_port`. Call from the event loop.
 
     Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), and a port
     already in use is an error rather than shared, unless `settings.reuse_port` (the workers of `--workers N`).
     """
     limit = settings.max_request_bytes
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
-        ]
-    )
     metrics = getattr(dataplane, "metrics", None) if settings.metrics else None
-    handlers = method_handlers(Servicer(dataplane, settings), _observer(metrics, settings.access_log))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
-    return server
+    observe = _observer(metrics, settings.access_log)
+    handlers = method_handlers(Servicer(dataplane, settings), observe)
+    fast = {
+        'ModelInfer': _in_thread(dataplane, settings, 'ModelInfer', observe),
+    }
+    options = [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+    ]
+    return threaded_server(SERVICE, handlers, fast, asyncio.get_running_loop(), settings.grpc_threads, options)
+
+
+def _in_thread(
+    dataplane: DataPlaneBase, settings: Settings, rpc: str, observe: Observe | None
+) -> Callable[[Any, grpc.ServicerContext], Any]:
+    """Unary inference wholly in the gRPC thread, for a model that allows it (`Pipeline.runs_in_thread`): the same
+    decoding, pipeline, encoding and errors as the servicer's way; NOT_HERE for any other request."""
+    pipeline = getattr(dataplane, "pipeline", None)
+
+    def infer(request: Any, context: grpc.ServicerContext) -> Any:
+        if pipeline is None or isinstance(request, _Malformed):
+            return NOT_HERE
+        wire = request if isinstance(request, _InferWire) else None
+        message = wire.message if wire is not None else request
+        if not pipeline.runs_in_thread(message.model_name, message.model_version):
+            return NOT_HERE
+        start, code, sent = time.perf_counter_ns(), "OK", 0
+        try:
+            infer_request = decode_infer_request(message, settings, wire.raw if wire is not None else None)
+            infer_request.transport = "grpc"
+            if settings.tracing:
+                infer_request.trace = carrier(_metadata(context).get)
+            reply = _encode_infer_wire(pipeline.infer_in_thread(infer_request))
+            if observe is not None:
+                sent = _size(reply)
+            return reply
+        except Exception as exc:
+            status, details = _status(exc)
+            code = str(status.name)
+            context.abort(status, details)
+        finally:
+            if observe is not None:
+                observe(rpc, code, start, request, sent)
+
+    return infer
 
 
 SERVICE: Final = 'inference.GRPCInferenceService'

@@ -35,6 +35,7 @@ serialized by a lock per model, and an instance is unloaded only after its in-fl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import importlib.machinery
 import importlib.util
@@ -42,9 +43,10 @@ import itertools
 import logging
 import re
 import sys
+import threading
 import tomllib
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -148,7 +150,9 @@ class ModelRepository:
             raise ValueError(f"model repository {self.path} is not a directory")
         self._records: dict[str, _Record] = {}
         self._inflight: dict[int, int] = {}  # id(model) -> requests running on it
-        self._drained: dict[int, asyncio.Event] = {}
+        # Unloads waiting for a model's requests to finish, with the loop each waits on (gRPC threads lease too).
+        self._drained: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
+        self._lease_lock = threading.Lock()
 
     # --- registration ---------------------------------------------------------------------------------
 
@@ -415,8 +419,12 @@ class ModelRepository:
     async def _retire(self, model: Model) -> None:
         """Wait until no request runs on `model`, then call its unload() (errors are logged)."""
         key = id(model)
-        if key in self._inflight:
-            event = self._drained.setdefault(key, asyncio.Event())
+        with self._lease_lock:
+            event = (
+                self._drained.setdefault(key, (asyncio.get_running_loop(), asyncio.Event()))[1]
+                if key in self._inflight else None
+            )
+        if event is not None:
             await event.wait()
         try:
             await call_hook(model.unload)
@@ -460,20 +468,36 @@ class ModelRepository:
     def lease(self, name: str, version: str = "") -> _Lease:
         """`get`, as an async context manager that keeps the instance from being unloaded until it exits."""
         model = self.get(name, version)
-        key = id(model)
-        self._inflight[key] = self._inflight.get(key, 0) + 1
+        self._acquire(model)
         return _Lease(self, model)
+
+    @contextlib.contextmanager
+    def lease_in_thread(self, name: str, version: str = "") -> Iterator[Model]:
+        """`lease` for code running outside the event loop (the gRPC server's threads)."""
+        model = self.get(name, version)
+        self._acquire(model)
+        try:
+            yield model
+        finally:
+            self._release(model)
+
+    def _acquire(self, model: Model) -> None:
+        key = id(model)
+        with self._lease_lock:
+            self._inflight[key] = self._inflight.get(key, 0) + 1
 
     def _release(self, model: Model) -> None:
         key = id(model)
-        count = self._inflight[key] - 1
-        if count:
-            self._inflight[key] = count
-            return
-        del self._inflight[key]
-        event = self._drained.pop(key, None)
-        if event is not None:
-            event.set()
+        with self._lease_lock:
+            count = self._inflight[key] - 1
+            if count:
+                self._inflight[key] = count
+                return
+            del self._inflight[key]
+            waiting = self._drained.pop(key, None)
+        if waiting is not None:
+            loop, event = waiting
+            loop.call_soon_threadsafe(event.set)
 
     def is_ready(self, name: str, version: str = "") -> bool:
         """Whether `name` (at `version`, or any version) is READY. NotFound for an unknown model or version."""

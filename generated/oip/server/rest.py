@@ -191,13 +191,6 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     app.add_exception_handler(OipError, http_error)
     app.add_exception_handler(Exception, http_error)
 
-<<<<<<< HEAD
-    every: list[Endpoint | RestOnlyEndpoint] = [*ENDPOINTS, *REST_ONLY_ENDPOINTS]
-    for endpoint in sorted(every, key=_route_order):
-        if isinstance(endpoint, RestOnlyEndpoint):
-            handler = _json_handler(dataplane, settings, endpoint)
-        elif endpoint.operation in TENSOR_OPERATIONS:
-=======
     metrics = getattr(dataplane, "metrics", None)
     if settings.metrics and metrics is not None:
         families = getattr(dataplane, "metric_families")
@@ -209,9 +202,11 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
         app.add_route("/metrics", serve_metrics, methods=["GET"], include_in_schema=False)
     app.observe = _observer(metrics if settings.metrics else None, settings.access_log)
 
-    for endpoint in sorted(ENDPOINTS, key=_route_order):
-        if endpoint.operation in TENSOR_OPERATIONS:
->>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
+    every: list[Endpoint | RestOnlyEndpoint] = [*ENDPOINTS, *REST_ONLY_ENDPOINTS]
+    for endpoint in sorted(every, key=_route_order):
+        if isinstance(endpoint, RestOnlyEndpoint):
+            handler = _json_handler(dataplane, settings, endpoint)
+        elif endpoint.operation in TENSOR_OPERATIONS:
             handler = _tensor_handler(dataplane, settings, endpoint)
             app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
         else:
@@ -220,6 +215,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     return app
 
 
+<<<<<<< HEAD
 <<<<<<< HEAD
 async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
     """The OpenAPI document of this moment: the spec's, with the inference of every ready model version (and of
@@ -260,6 +256,8 @@ async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
 >>>>>>> cbc5633 (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
 def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:
 =======
+=======
+>>>>>>> 6f94dcf (gRPC on grpcio's thread-pool server: unary inference on a plain model runs wholly in the gRPC thread, everything else as the servicer's coroutines on the event loop)
 def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int], None] | None:
     """What counts and logs each answered request (None when neither is on)."""
     if metrics is None and not log_access:
@@ -287,8 +285,7 @@ def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int]
     return observe
 
 
-def _route_order(endpoint: Endpoint) -> list[tuple[bool, str]]:
->>>>>>> 936bafc (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
+def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:
     """Literal path segments before templated ones (`/v2/models/stats` before `/v2/models/{model_name}`)."""
     return [(segment.startswith("{"), segment) for segment in endpoint.path.split("/")]
 

@@ -37,6 +37,8 @@ class Settings:
     )
     tracing: bool = False  # set by the data plane when the OpenTelemetry environment turns tracing on
     graceful_shutdown_seconds: float = 30.0
+    # gRPC calls served at once, each on a thread of its own (a stream holds one for its whole life).
+    grpc_threads: int = 128
     # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
     reuse_port: bool = False
     # REST connections: the request line and headers must arrive within this many seconds (408 and closed

@@ -1,4 +1,4 @@
-"""Serving: the REST app (uvicorn) and the gRPC server (grpc.aio) in one process and one event loop.
+"""Serving: the REST app (uvicorn) and the gRPC server (`grpc_threads`) in one process, over one event loop.
 
 `python -m <package> serve --model-repository DIR` loads every model of the repository, listens on both
 ports and serves until SIGTERM or SIGINT; then it stops accepting connections, lets the requests in flight
@@ -197,7 +197,7 @@ async def serve(
     metrics_http: _Uvicorn | None = None
     metrics_task: asyncio.Task[None] | None = None
     sockets: list[socket.socket] = []
-    grpc_server: grpc.aio.Server | None = None
+    grpc_server: grpc.Server | None = None
     control: Any = None
     dataplane_made: DataPlane | None = None
     if repository is None:
@@ -231,7 +231,7 @@ async def serve(
                 raise OSError(f"cannot listen for gRPC on {host}:{settings.grpc_port}: {exc}") from None
             if not grpc_port:
                 raise OSError(f"cannot listen for gRPC on {host}:{settings.grpc_port}")
-            await grpc_server.start()
+            grpc_server.start()
         http_port: int | None = None
         if settings.http_port is not None:
             sock = _http_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
@@ -327,7 +327,7 @@ def _metrics_app(dataplane: DataPlane) -> Any:
 
 
 async def _shutdown(
-    settings: Settings, http: _Uvicorn | None, http_task: asyncio.Task[None] | None, grpc_server: grpc.aio.Server | None
+    settings: Settings, http: _Uvicorn | None, http_task: asyncio.Task[None] | None, grpc_server: grpc.Server | None
 ) -> None:
     """Stop both transports together: no new connections or calls, in-flight ones finish within the grace."""
     steps: list[Awaitable[Any]] = []
@@ -335,7 +335,8 @@ async def _shutdown(
         http.should_exit = True
         steps.append(http_task)
     if grpc_server is not None:
-        steps.append(grpc_server.stop(settings.graceful_shutdown_seconds))
+        stopped = grpc_server.stop(settings.graceful_shutdown_seconds)  # a threading.Event, set once drained
+        steps.append(asyncio.get_running_loop().run_in_executor(None, stopped.wait))
     for result in await asyncio.gather(*steps, return_exceptions=True):
         if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
             log.error("error while stopping", exc_info=result)
@@ -409,6 +410,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="REST port; 0 picks a free one, 'off' serves no REST (default: %(default)s)")
     p.add_argument("--grpc-port", type=_port, default=defaults.grpc_port, metavar="PORT",
                    help="gRPC port; 0 picks a free one, 'off' serves no gRPC (default: %(default)s)")
+    p.add_argument("--grpc-threads", type=_positive, default=defaults.grpc_threads, metavar="N",
+                   help="gRPC calls served at once, a thread each; a stream holds one while open "
+                        "(default: %(default)s)")
     p.add_argument("--workers", type=_workers, default="1", metavar="N",
                    help="server processes sharing the ports (SO_REUSEPORT) under one supervisor; 'auto': one per "
                         "available core (default: %(default)s)")
@@ -473,6 +477,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_tensor_elements=args.max_tensor_elements,
         log_level=args.log_level,
         access_log=args.access_log,
+        grpc_threads=args.grpc_threads,
         metrics=args.metrics == "on",
         metrics_port=args.metrics_port,
         metrics_buckets=args.metrics_buckets,

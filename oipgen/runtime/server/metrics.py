@@ -186,7 +186,7 @@ class Metrics(Observer):
         self.pending: dict[Labels, int] = {}
         self.failures: dict[tuple[Labels, str], int] = {}
         self.requests: dict[tuple[str, str, str], int] = {}
-        self._lock = threading.Lock()  # transports may count from their own threads
+        self._lock = threading.Lock()  # the gRPC server's threads count and observe too
         self.duration = _Histogram(
             "nv_inference_request_duration_seconds", "Inference request duration in seconds (successful requests)",
             buckets,
@@ -201,18 +201,20 @@ class Metrics(Observer):
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
         key = (("model", model), ("version", version))
-        self.pending[key] = self.pending.get(key, 0) + 1
+        with self._lock:
+            self.pending[key] = self.pending.get(key, 0) + 1
 
     def request_finished(self, record: InferenceRecord) -> None:
         key = (("model", record.model), ("version", record.version))
-        self.pending[key] = self.pending.get(key, 1) - 1
-        if record.error is not None:
-            failure = (key, REASONS.get(record.error.kind, "OTHER"))
-            self.failures[failure] = self.failures.get(failure, 0) + 1
-            return
-        self.duration.observe(key, record.total_ns / 1e9)
-        if record.first_response_ns is not None:
-            self.first_response.observe(key, record.first_response_ns / 1e6)
+        with self._lock:
+            self.pending[key] = self.pending.get(key, 1) - 1
+            if record.error is not None:
+                failure = (key, REASONS.get(record.error.kind, "OTHER"))
+                self.failures[failure] = self.failures.get(failure, 0) + 1
+                return
+            self.duration.observe(key, record.total_ns / 1e9)
+            if record.first_response_ns is not None:
+                self.first_response.observe(key, record.first_response_ns / 1e6)
 
     # --- the transports -----------------------------------------------------------------------------------------
 
@@ -242,17 +244,20 @@ class Metrics(Observer):
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
                 labels: Labels = (("model", model), ("version", version), ("reason", reason))
                 failure.add("nv_inference_request_failure", labels, 0.0)
-        for (labels, reason), n in list(self.failures.items()):
+        with self._lock:
+            failures, pendings = list(self.failures.items()), list(self.pending.items())
+            families_of_histograms = [self.duration.family(), self.first_response.family()]
+        for (labels, reason), n in failures:
             failure.add("nv_inference_request_failure", (*labels, ("reason", reason)), float(n))
         families.append(failure)
         pending = Family("nv_inference_pending_request_count", "gauge",
                          "Instantaneous number of pending requests awaiting execution per model")
         for model, version in stats:
             pending.add("nv_inference_pending_request_count", (("model", model), ("version", version)), 0.0)
-        for labels, n in list(self.pending.items()):
+        for labels, n in pendings:
             pending.add("nv_inference_pending_request_count", labels, float(n))
         families.append(pending)
-        families += [self.duration.family(), self.first_response.family()]
+        families += families_of_histograms
         requests = Family("oip_requests_total", "counter", "Requests answered, by transport, operation and answer")
         with self._lock:
             counted = list(self.requests.items())

@@ -30,6 +30,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -110,6 +112,8 @@ class Pipeline:
         self.enabled = enabled
         self.observers = observers
         self.batcher = Batcher(self._executed)
+        # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
+        self.model_slots = threading.BoundedSemaphore(max(1, int(getattr(settings, "model_threads", 0) or 32)))
 
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 
@@ -132,6 +136,49 @@ class Pipeline:
                 self._failed(timer, model, exc)
                 raise
         self._succeeded(timer, model, prepared.batch_size, executed=not is_batching(model))
+        return response
+
+    # --- the same, wholly in the calling thread (the gRPC server's), for a model that allows it ---------------
+
+    def runs_in_thread(self, name: str, version: str) -> bool:
+        """Whether a request to this model version can run wholly in the calling thread (`infer_in_thread`): its
+        `infer` is a plain method, and it neither batches dynamically nor is decoupled. False too for a model that
+        is unknown or not ready: the event loop's path answers that."""
+        try:
+            model = self.repository.get(name, version)
+        except OipError:
+            return False
+        hook = model.infer
+        return not (model.decoupled or is_batching(model) or inspect.iscoroutinefunction(hook)
+                    or inspect.isasyncgenfunction(hook))
+
+    def infer_in_thread(self, request: InferRequest) -> InferResponse:
+        """`infer`, in this thread and without the event loop, for a model that `runs_in_thread`: the same phases,
+        checks, observers and errors. The model runs when one of `Settings.model_threads` slots is free (the
+        wait is the queue), the slots the event loop's path uses too."""
+        timer = Timer(request.id, request.trace, request.transport)
+        with self.repository.lease_in_thread(request.model_name, request.model_version) as model:
+            notify_started(self.observers, timer, model.name, model.version)
+            try:
+                prepared = self.prepare(model, request)
+                with self.shared_memory.using(prepared.placements) as regions:
+                    timer.enter(QUEUE)
+                    with self.model_slots:
+                        timer.enter(COMPUTE_INFER)
+                        try:
+                            result = model.infer(prepared.inputs, prepared.parameters)
+                            if inspect.isawaitable(result):  # a plain method that returned an awaitable
+                                result = asyncio.run(_awaited(result))
+                        except OipError:
+                            raise
+                        except Exception as exc:
+                            raise _model_failure(model, exc) from exc
+                    timer.enter(COMPUTE_OUTPUT)
+                    response = self.finish(model, request, prepared, result, regions)
+            except BaseException as exc:
+                self._failed(timer, model, exc)
+                raise
+        self._succeeded(timer, model, prepared.batch_size, executed=True)
         return response
 
     def prepare(self, model: Model, request: InferRequest) -> PreparedRequest:
@@ -175,12 +222,25 @@ class Pipeline:
     ) -> tuple[Any, int, int]:
         """Call `model.infer`: what it returned, and when it started and ended (`time.perf_counter_ns`; the wait
         for a worker thread comes before the start, which `on_start` is told as it happens)."""
+        hook = model.infer
+        if not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook)):
+            hook = self._in_slot(hook, on_start)  # in its worker thread: waits for a slot, then starts
+            on_start = None
         try:
-            return await call_hook(model.infer, inputs, parameters, on_start=on_start)
+            return await call_hook(hook, inputs, parameters, on_start=on_start)
         except OipError:
             raise
         except Exception as exc:
             raise _model_failure(model, exc) from exc
+
+    def _in_slot(self, hook: Callable[..., Any], on_start: Callable[[int], object] | None) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            with self.model_slots:
+                if on_start is not None:
+                    on_start(time.perf_counter_ns())
+                return hook(*args)
+
+        return run
 
     def finish(
         self, model: Model, request: InferRequest, prepared: PreparedRequest, result: Any,
@@ -381,6 +441,10 @@ def _execution(record: InferenceRecord) -> ExecutionRecord:
         record.model, record.version, record.batch_size, record.compute_input_ns, record.compute_infer_ns,
         record.compute_output_ns,
     )
+
+
+async def _awaited(result: Any) -> Any:
+    return await result
 
 
 def _model_failure(model: Model, exc: Exception) -> ModelFailure:

@@ -12,8 +12,9 @@ When a request is done, the pipeline hands its `InferenceRecord` (model, version
 and reason, phase durations, total time, and the phases as spans in wall-clock time) to every observer of the
 data plane; every run of a model (one per request, or one per batch under dynamic batching) is reported as an
 `ExecutionRecord`. The statistics extension (`statistics.Statistics`) is such an observer; metrics and tracing
-subscribe the same way (`DataPlane.observers`). Observers are called on the event loop: they must be quick, and
-an exception in one is logged and otherwise ignored.
+subscribe the same way (`DataPlane.observers`). Observers are called on the event loop or in a gRPC server thread
+(a request that runs there wholly): they must be quick and thread-safe; an exception in one is logged and
+otherwise ignored.
 
 Observers are also told when a request starts (`request_started`, once its model version is known), with the
 request's timer: `Timer.state` holds what an observer keeps for the request until it finishes (a trace span), and
