@@ -11,7 +11,7 @@ from oip.server import Model, TensorSpec
 class IdentityFP32(Model):
     inputs = (TensorSpec("INPUT0", "FP32", [-1]),)
     outputs = (TensorSpec("OUTPUT0", "FP32", [-1]),)
+    inline = True  # no work at all: called on the thread that has the request
 
-    async def infer(self, inputs: dict[str, npt.NDArray[Any]], parameters: dict[str, Any]) -> dict[str, Any]:
-        # A coroutine runs on the server's event loop: fine for work this small.
+    def infer(self, inputs: dict[str, npt.NDArray[Any]], parameters: dict[str, Any]) -> dict[str, Any]:
         return {"OUTPUT0": inputs["INPUT0"]}

@@ -227,7 +227,21 @@ class Pipeline:
         """Call `model.infer`: what it returned, and when it started and ended (`time.perf_counter_ns`; the wait
         for a worker thread comes before the start, which `on_start` is told as it happens)."""
         hook = model.infer
-        if not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook)):
+        plain = not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook))
+        if plain and model.inline:  # quick and never blocking: called here, on the loop
+            started = time.perf_counter_ns()
+            if on_start is not None:
+                on_start(started)
+            try:
+                result = hook(inputs, parameters)
+                if inspect.isawaitable(result):
+                    result = await result
+            except OipError:
+                raise
+            except Exception as exc:
+                raise _model_failure(model, exc) from exc
+            return result, started, time.perf_counter_ns()
+        if plain:
             hook = self._in_slot(hook, on_start)  # in its worker thread: waits for a slot, then starts
             on_start = None
         try:

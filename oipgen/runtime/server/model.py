@@ -179,9 +179,15 @@ class Model:
     shapes are full tensor shapes and metadata reports them as declared; a model that batches declares them
     without the batch dimension and metadata reports [-1, *shape]. `settings` holds the `[parameters]` table of the
     model's `model.toml` (or what the caller passes), `path` its folder, `version` the version it serves.
+
+    A plain `infer` runs in a worker thread, so that it never holds up the server. A model whose plain `infer` is
+    quick (microseconds) and never blocks can set `inline = True`: it is then called on the thread that has the
+    request, the event loop for REST and streams, the gRPC server's thread for unary gRPC inference, which saves
+    the hop to a worker thread (about 50 us of CPU per request here).
     """
 
     name: str = ""
+    inline: bool = False
     platform: str = "python"
     inputs: Sequence[TensorSpec] = ()
     outputs: Sequence[TensorSpec] = ()
