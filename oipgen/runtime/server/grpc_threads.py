@@ -76,13 +76,17 @@ def _finish(context: grpc.ServicerContext, loop_context: _LoopContext, exc: Base
     context.abort(grpc.StatusCode.INTERNAL, f"internal server error ({type(exc).__name__})")
 
 
+def _cancel(future: concurrent.futures.Future[Any]) -> None:
+    future.cancel()  # no effect on a call that is done
+
+
 class _Bridge:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
 
     def run(self, coroutine: Any, context: grpc.ServicerContext) -> Any:
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        context.add_callback(lambda: None if future.cancel() else None)  # the call ended (cancelled, or done)
+        context.add_callback(lambda: _cancel(future))  # the call ended: cancelled by the client, or done
         return future.result()
 
     def requests(self, iterator: Iterator[Any]) -> AsyncIterator[Any]:
@@ -135,7 +139,7 @@ class _Bridge:
                 out.put((False, _END))
 
         future = asyncio.run_coroutine_threadsafe(pump(), self.loop)
-        context.add_callback(lambda: None if future.cancel() else None)
+        context.add_callback(lambda: _cancel(future))
         while True:
             ok, item = out.get()
             if ok:
