@@ -193,7 +193,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
 
     metrics = getattr(dataplane, "metrics", None)
     if settings.metrics and metrics is not None:
-        families = getattr(dataplane, "metric_families")
+        families = dataplane.metric_families
 
         async def serve_metrics(request: Request) -> Response:
             request.scope["oip_operation"] = "metrics"

@@ -113,7 +113,7 @@ class Pipeline:
         self.observers = observers
         self.batcher = Batcher(self._executed)
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
-        self.model_slots = threading.BoundedSemaphore(max(1, int(getattr(settings, "model_threads", 0) or 32)))
+        self.model_slots = threading.BoundedSemaphore(max(1, settings.model_threads))
 
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 
