@@ -389,6 +389,46 @@ def _perf_analyzer(document: dict[str, Any], summary: dict[str, Any]) -> list[st
     ]
 
 
+def _cost(rates: dict[str, float | None], server: str, bound: float) -> str:
+    """Throughput `server` lost against metrics and tracing off, and whether that is under `bound`."""
+    bare, rate = rates.get("oipgen_bare"), rates.get(server)
+    if not bare or not rate:
+        return "-"
+    lost = 1 - rate / bare
+    return f"{lost:+.1%} ({'met' if lost < bound else 'not met'})"
+
+
+def _observability(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """Our server as shipped (metrics on, tracing off) beside metrics and tracing off and beside tracing on."""
+    meta = document["meta"]
+    if not meta.get("variants"):
+        return []
+    columns = [("oipgen_bare", "metrics and tracing off"), (OURS, "metrics on (default)"),
+               ("oipgen_traced", "metrics on, every request traced (OTLP/HTTP)")]
+    lines = [
+        "## The cost of observability",
+        "",
+        "Our server as shipped (metrics on, tracing off), with both off, and with tracing on: every request sampled "
+        "and exported over OTLP/HTTP to a receiver on the client's CPU "
+        f"(it received {meta.get('otlp_sink', {}).get('spans', '?')} spans). Cells: infer/s · server CPU per "
+        "inference; cost: throughput lost against both off (targets: metrics under 5%, tracing under 20%).",
+        "",
+        "| scenario | " + " | ".join(label for _, label in columns) + " | metrics cost | tracing cost |",
+        "|---|---|---|---|---|---|",
+    ]
+    for scenario in ("simple_rest_c8", "simple_grpc_c8"):
+        if scenario not in meta["scenarios"]:
+            continue
+        cells, rates = [], {}
+        for server, _ in columns:
+            rate = get(summary, server, scenario, "infer_per_s")
+            rates[server] = rate
+            cells.append(f"{_num(rate)} · {_num(get(summary, server, scenario, 'server_cpu_us_per_infer'))} us")
+        lines.append(f"| {title(scenario)} | " + " | ".join(cells) + f" | {_cost(rates, OURS, 0.05)} | "
+                     f"{_cost(rates, 'oipgen_traced', 0.20)} |")
+    return [*lines, ""]
+
+
 def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
     meta = document["meta"]
     names = meta["servers"]
@@ -447,7 +487,7 @@ def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
         row.append(f"{theirs / ours:.2f}x faster" if ours and theirs else "-")
     lines += ["| " + " | ".join(row) + " |", ""]
     lines += _memory(document, summary) + _logging(document, summary) + _counts(document)
-    lines += _perf_analyzer(document, summary)
+    lines += _perf_analyzer(document, summary) + _observability(document, summary)
     floor = document.get("floor", {})
     if "parse_ms" in floor:
         lines += [

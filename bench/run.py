@@ -131,7 +131,8 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     shutil.rmtree(workdir, ignore_errors=True)
     scenarios = [BY_NAME[name] for name in args.scenarios]
     for repeat in range(1, args.repeats + 1):
-        order = args.servers[repeat - 1 :] + args.servers[: repeat - 1]  # take turns: nobody always goes first
+        everyone = args.servers + args.variants
+        order = everyone[repeat - 1 :] + everyone[: repeat - 1]  # take turns: nobody always goes first
         for name in order:
             base = {"server": name, "repeat": repeat, "load_average": load_average()}
             try:
@@ -158,11 +159,14 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                     f"[{repeat}] {name}: ready in {server.startup_s:.2f} s; at rest {server.idle_pss_mib:.0f} MiB PSS,"
                     f" {server.idle_rss_mib:.0f} MiB RSS"
                 )
+                variant = name in servers.VARIANTS
                 for scenario in scenarios:
+                    if variant and scenario.name not in servers.VARIANT_SCENARIOS:
+                        continue
                     result = observed(server, functools.partial(loadgen, server, scenario, args))
                     records.append({**base, "scenario": scenario.name, **result})
                     log(f"[{repeat}] {name} {scenario.name}: {_short(result)}")
-                if args.pa:
+                if args.pa and not variant:
                     if not pa.config_ok(server.rest):
                         records.append(
                             {
@@ -265,6 +269,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--elements", type=int, help="FP32 elements of the identity scenarios")
     p.add_argument("--request-timeout", type=float, default=60.0)
     p.add_argument("--no-pa", dest="pa", action="store_false", help="skip perf_analyzer")
+    p.add_argument("--no-observability", dest="observability", action="store_false",
+                   help="skip our server with metrics and tracing off, and with tracing on (the cost of each)")
     p.add_argument("--no-setup", dest="setup", action="store_false", help="do not run bench/setup.sh first")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("BENCH_CACHE", BENCH / ".cache")))
     p.add_argument("--out", type=Path, default=BENCH / "results")
@@ -286,6 +292,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.pa_trials = 5 if quick else 3
     args.servers = [s for s in args.servers.split(",") if s]
     args.scenarios = [s for s in args.scenarios.split(",") if s]
+    args.variants = []
     for name in args.servers:
         if name not in servers.SERVERS:
             p.error(f"unknown server {name!r}")
@@ -295,6 +302,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.cache = args.cache.resolve()
     args.out = args.out.resolve()
     return args
+
+
+def start_sink(log: Any) -> subprocess.Popen[str]:
+    """The OTLP receiver the traced variant exports to, on the client CPU; its address goes in OTLP_ENV."""
+    port = servers.free_port()
+    sink = subprocess.Popen(
+        ["taskset", "-c", CLIENT_CPU, sys.executable, str(BENCH / "otlp_sink.py"), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    assert sink.stdout is not None
+    if sink.stdout.readline().strip() != "ready":
+        raise RuntimeError("the OTLP sink did not start")
+    os.environ[servers.OTLP_ENV] = f"http://127.0.0.1:{port}/v1/traces"
+    log(f"OTLP sink on port {port}")
+    return sink
+
+
+def stop_sink(sink: subprocess.Popen[str] | None) -> dict[str, Any]:
+    """Stop the sink; what it received ({"requests": N, "spans": M})."""
+    if sink is None:
+        return {}
+    sink.terminate()
+    try:
+        out, _ = sink.communicate(timeout=15)
+        return dict(json.loads(out.strip().splitlines()[-1]))
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        sink.kill()
+        return {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,12 +357,20 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 usable.append(name)
         args.servers = usable
+        sink = None
+        if args.observability and "oipgen" in args.servers:
+            sink = start_sink(log)
+        variants = [v for v in servers.VARIANTS if args.observability and "oipgen" in args.servers]
+        args.variants = [v for v in variants if not servers.missing(v, args.cache)]
         if args.wait_quiet:
             wait_for_quiet(args.wait_quiet, args.wait_max, log)
         load_before = load_average()
         log(f"load average {load_before}; floor of the 1M-element JSON identity")
         floor_result = floor(args)
-        records = measure(args, log)
+        try:
+            records = measure(args, log)
+        finally:
+            exported = stop_sink(sink)
         load_after = load_average()
     except KeyboardInterrupt:
         log("interrupted: the servers this run started are stopped")
@@ -344,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_before": load_before,
         "load_average_after": load_after,
         "servers": args.servers,
+        "variants": args.variants,
+        "otlp_sink": exported,
         "scenarios": args.scenarios,
         "repeats": args.repeats,
         "duration_s": args.duration,

@@ -49,6 +49,14 @@ OIPGEN_MODELS = ROOT / "examples" / "models"  # what our server serves
 TRITON_MODELS = BENCH / "servers" / "triton_repo"
 IDLE_SETTLE_S = 1.0
 # The Python packages whose versions are recorded with each run, per environment.
+# Our server with its observability switched, measured on VARIANT_SCENARIOS beside the default (metrics on,
+# tracing off): metrics and tracing off, and tracing on (every request sampled, exported over OTLP/HTTP to the
+# sink bench/otlp_sink.py, whose address run.py puts in OTLP_ENV).
+VARIANTS = {"oipgen_bare": ("--metrics", "off"), "oipgen_traced": ()}
+VARIANT_LABELS = {"oipgen_bare": "metrics and tracing off", "oipgen_traced": "metrics on, every request traced"}
+VARIANT_SCENARIOS = ("simple_rest_c8", "simple_grpc_c8")
+OTLP_ENV = "OIP_BENCH_OTLP_ENDPOINT"
+
 PACKAGES = {
     "oipgen": ("oipgen", "fastapi", "uvicorn", "grpcio", "protobuf", "orjson", "numpy", "uvloop"),
     "triton": ("nvidia-pytriton", "numpy"),
@@ -95,7 +103,9 @@ def free_port() -> int:
 
 def missing(name: str, cache: Path) -> str | None:
     """Why server `name` cannot run here (None: it can)."""
-    if name == "oipgen":
+    if name == "oipgen_traced" and not os.environ.get(OTLP_ENV):
+        return f"no OTLP endpoint to export to ({OTLP_ENV} is unset)"
+    if name == "oipgen" or name in VARIANTS:
         return (
             None if (ROOT / "generated" / "oip" / "server").is_dir() else "generated/oip/server is missing (make build)"
         )
@@ -120,7 +130,12 @@ def pss_kib(pid: int) -> int:
 def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)
-    if name == "oipgen":
+    if name == "oipgen_traced":
+        env.update(
+            OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_TRACES_SAMPLER="always_on",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=os.environ.get(OTLP_ENV, ""), OTEL_SERVICE_NAME="oipgen-bench",
+        )
+    if name == "oipgen" or name in VARIANTS:
         env["PYTHONPATH"] = str(ROOT / "generated")
         argv = [
             sys.executable,
@@ -137,6 +152,7 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
             str(grpc_port),
             "--log-level",
             "info",  # the default: start-up and errors, no access log
+            *VARIANTS.get(name, ()),
         ]
     elif name == "triton":
         venv = cache / "venv-triton"
@@ -233,6 +249,7 @@ def log_bytes(running: Running) -> int:
 def versions(name: str, cache: Path) -> dict[str, str]:
     """Installed versions of PACKAGES[name] in the environment that runs `name` (the project's .venv for oipgen
     and the load generator)."""
+    name = "oipgen" if name in VARIANTS else name
     python = sys.executable if name in ("oipgen", "loadgen") else str(cache / f"venv-{name}" / "bin" / "python")
     code = (
         "import importlib.metadata as m, json, sys\n"
