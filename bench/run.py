@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         sink = None
         if args.observability and "oipgen" in args.servers:
             sink = start_sink(log)
-        variants = [v for v in servers.VARIANTS if args.observability and "oipgen" in args.servers]
+        variants = [v for v in servers.OBSERVABILITY if args.observability and "oipgen" in args.servers]
         args.variants = [v for v in variants if not servers.missing(v, args.cache)]
         if args.wait_quiet:
             wait_for_quiet(args.wait_quiet, args.wait_max, log)

@@ -5,6 +5,10 @@
   that at 1 MB, and the log-log slope of CPU per inference between 1 MB and 64 MB at most 1.2.
 - Concurrency: `simple` over REST JSON and gRPC at 1 to 64 concurrent requests: throughput must hold (at every
   concurrency from 8 up, at least 80% of the best) and no request may fail.
+- Workers: `simple` over REST JSON and gRPC at c=16 with `--workers 1` and `--workers 2`, the server on both
+  CPUs: throughput and CPU per inference. On this 2-core machine the load generator shares CPU 1 with the
+  server, so two workers cannot double anything here: the figure says how much of the second core they turn
+  into throughput.
 Outputs in --out (default bench/results): scale.json, scale.md, scale.png. The server runs on CPU 0, the load on
 CPU 1, as in bench/run.py; every point is bounded in time (--duration) and count.
 
@@ -31,6 +35,7 @@ SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KB .. 64 MB
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 PAYLOAD_WORKLOADS = ("identity_rest_binary", "identity_grpc_raw")
 CONCURRENCY_WORKLOADS = ("simple_rest", "simple_grpc")
+WORKERS_CONCURRENCY = 16
 
 
 def _size(n: float) -> str:
@@ -208,6 +213,19 @@ def markdown(document: dict[str, Any]) -> str:
             f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} | "
             f"{(r.get('server_cpu_us_per_infer') or 0):.0f} | {r['errors']} |"
         )
+    rows = document.get("workers", [])
+    if rows:
+        lines += ["", f"## Workers (c={WORKERS_CONCURRENCY}, server on CPUs 0-1, load on CPU 1)", "",
+                  "| workload | 1 worker | 2 workers | ratio |", "|---|---|---|---|"]
+        for workload in CONCURRENCY_WORKLOADS:
+            by = {r["server"]: r for r in rows if r["workload"] == workload and "error" not in r}
+            one, two = by.get("oipgen_workers1"), by.get("oipgen_workers2")
+
+            def cell(r: dict[str, Any] | None) -> str:
+                return f"{r['infer_per_s']:,.0f}/s, {r['server_cpu_us_per_infer'] or 0:,.0f} us CPU" if r else "fails"
+
+            ratio = f"{two['infer_per_s'] / one['infer_per_s']:.2f}x" if one and two and one["infer_per_s"] else "-"
+            lines.append(f"| {workload} | {cell(one)} | {cell(two)} | {ratio} |")
     lines += ["", "| check | measured | met |", "|---|---|---|"]
     for text, what, ok in document["checks"]:
         lines.append(f"| {text} | {what} | {'yes' if ok else 'no'} |")
@@ -231,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     payload: list[dict[str, Any]] = []
     concurrency: list[dict[str, Any]] = []
+    workers: list[dict[str, Any]] = []
     try:
         with servers.running("oipgen", BENCH / ".cache", out / "logs") as server:
             for workload in PAYLOAD_WORKLOADS:
@@ -261,6 +280,14 @@ def main(argv: list[str] | None = None) -> int:
                         ),
                         flush=True,
                     )
+        for name in ("oipgen_workers1", "oipgen_workers2"):
+            with servers.running(name, BENCH / ".cache", out / "logs") as server:
+                for workload in CONCURRENCY_WORKLOADS:
+                    r = {"server": name, **point(server, workload, WORKERS_CONCURRENCY, 1, duration, warmup)}
+                    workers.append(r)
+                    cpu = r.get("server_cpu_us_per_infer") or 0
+                    text = f"ERROR {r['error']}" if "error" in r else f"{r['infer_per_s']:,.0f}/s, {cpu:,.0f} us CPU"
+                    print(f"{name} {workload}: {text}", flush=True)
     except KeyboardInterrupt:
         print("interrupted: the server this run started is stopped")
         return 130
@@ -275,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "payload": payload,
         "concurrency": concurrency,
+        "workers": workers,
     }
     document["checks"] = checks(payload, concurrency)
     (out / "scale.json").write_text(json.dumps(document, indent=1) + "\n")

@@ -49,10 +49,18 @@ OIPGEN_MODELS = ROOT / "examples" / "models"  # what our server serves
 TRITON_MODELS = BENCH / "servers" / "triton_repo"
 IDLE_SETTLE_S = 1.0
 # The Python packages whose versions are recorded with each run, per environment.
-# Our server with its observability switched, measured on VARIANT_SCENARIOS beside the default (metrics on,
-# tracing off): metrics and tracing off, and tracing on (every request sampled, exported over OTLP/HTTP to the
-# sink bench/otlp_sink.py, whose address run.py puts in OTLP_ENV).
-VARIANTS = {"oipgen_bare": ("--metrics", "off"), "oipgen_traced": ()}
+# Our server with other options. Observability (make bench, on VARIANT_SCENARIOS beside the default, metrics on
+# and tracing off): metrics and tracing off, and tracing on (every request sampled, exported over OTLP/HTTP to the
+# sink bench/otlp_sink.py, whose address run.py puts in OTLP_ENV). Workers (make bench-scale): one and two
+# server processes, on both CPUs (the load generator shares CPU 1 with them).
+VARIANTS = {
+    "oipgen_bare": ("--metrics", "off"),
+    "oipgen_traced": (),
+    "oipgen_workers1": ("--workers", "1"),
+    "oipgen_workers2": ("--workers", "2"),
+}
+VARIANT_CPUS = {"oipgen_workers1": "0,1", "oipgen_workers2": "0,1"}
+OBSERVABILITY = ("oipgen_bare", "oipgen_traced")
 VARIANT_LABELS = {"oipgen_bare": "metrics and tracing off", "oipgen_traced": "metrics on, every request traced"}
 VARIANT_SCENARIOS = ("simple_rest_c8", "simple_grpc_c8")
 OTLP_ENV = "OIP_BENCH_OTLP_ENDPOINT"
@@ -198,7 +206,7 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
         ]
     else:
         raise ValueError(f"unknown server {name!r}")
-    return ["taskset", "-c", SERVER_CPU, *argv], env
+    return ["taskset", "-c", VARIANT_CPUS.get(name, SERVER_CPU), *argv], env
 
 
 def _get(port: int, path: str) -> int:
