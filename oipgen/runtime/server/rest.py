@@ -52,10 +52,14 @@ from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
 <<<<<<< HEAD
+<<<<<<< HEAD
 from .model_openapi import model_document
 =======
 from .metrics import CONTENT_TYPE, render
 >>>>>>> cbc5633 (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
+=======
+from .metrics import CONTENT_TYPE, Family, render
+>>>>>>> 1a08a04 (REST: the metrics route reads the data plane's families through a typed lookup)
 from .openapi import DOCUMENT
 from .repository import ModelRepository
 from .settings import Settings
@@ -189,7 +193,8 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
 
     metrics = getattr(dataplane, "metrics", None)
     if settings.metrics and metrics is not None:
-        families = dataplane.metric_families
+        # The data plane's (a worker's answers the sum over the workers); DataPlaneBase has no metrics.
+        families: Callable[[], Awaitable[list[Family]]] = getattr(dataplane, "metric_families")  # noqa: B009
 
         async def serve_metrics(request: Request) -> Response:
             request.scope["oip_operation"] = "metrics"
