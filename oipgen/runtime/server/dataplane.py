@@ -26,8 +26,7 @@ from typing import Any, Final
 
 from .. import extensions
 from ..grpc import grpc_service_pb2 as pb
-from . import generate
-from . import tracing
+from . import generate, tracing
 from .classification import CLASSIFICATION
 from .configuration import model_config
 from .dataplane_base import DataPlaneBase
