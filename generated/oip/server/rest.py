@@ -55,15 +55,8 @@ from ..grpc import wire
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
-<<<<<<< HEAD
-<<<<<<< HEAD
-from .model_openapi import model_document
-=======
-from .metrics import CONTENT_TYPE, render
->>>>>>> cbc5633 (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
-=======
 from .metrics import CONTENT_TYPE, Family, render
->>>>>>> 1a08a04 (REST: the metrics route reads the data plane's families through a typed lookup)
+from .model_openapi import model_document
 from .openapi import DOCUMENT
 from .repository import ModelRepository
 from .settings import Settings
@@ -220,8 +213,6 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     return app
 
 
-<<<<<<< HEAD
-<<<<<<< HEAD
 async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
     """The OpenAPI document of this moment: the spec's, with the inference of every ready model version (and of
     each ready model at the version the server picks) from its metadata (`model_openapi.model_document`). The ready
@@ -256,13 +247,6 @@ async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
     return await asyncio.to_thread(model_document, models)
 
 
-=======
-<<<<<<< HEAD
->>>>>>> cbc5633 (Observability: Prometheus metrics under Triton's names, OpenTelemetry traces, JSON logs with request and trace ids, an access log over both transports)
-def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:
-=======
-=======
->>>>>>> 6f94dcf (gRPC on grpcio's thread-pool server: unary inference on a plain model runs wholly in the gRPC thread, everything else as the servicer's coroutines on the event loop)
 def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int], None] | None:
     """What counts and logs each answered request (None when neither is on)."""
     if metrics is None and not log_access:
