@@ -23,6 +23,11 @@ class FieldBinding:
     schema: str | None  # the schema of a nested message (message kinds) or of the parameter map (params)
     required: bool
     oneof: str | None
+    # The JSON type of a scalar (or of each element or map value): int32 | uint32 | int64 | uint64 | float | bool |
+    # str | bytes | enum; None for messages.
+    value: str | None = None
+    default: Any = None  # the proto3 default in REST form (scalar, enum and bytes kinds), filled in when absent
+    enum: tuple[str, ...] = ()  # the enum's value names (enum kinds)
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,25 @@ def _kind(api: Api, field: Field, prop: dict[str, Any]) -> tuple[str, str | None
     return ("scalars" if field.repeated else "scalar"), None
 
 
+_VALUES = {"double": "float", "float": "float", "bool": "bool", "string": "str", "bytes": "bytes", "enum": "enum",
+           "int32": "int32", "sint32": "int32", "sfixed32": "int32", "uint32": "uint32", "fixed32": "uint32",
+           "int64": "int64", "sint64": "int64", "sfixed64": "int64", "uint64": "uint64", "fixed64": "uint64"}
+_DEFAULTS: dict[str, Any] = {"float": 0.0, "bool": False, "str": "", "bytes": ""}
+
+
+def _value(api: Api, field: Field) -> tuple[str | None, Any, tuple[str, ...]]:
+    """The JSON type of `field`'s values, its default in REST form and, for an enum, its value names."""
+    if field.kind == "message":
+        return None, None, ()
+    value = _VALUES[field.kind]
+    if value == "enum":
+        enum = next(e for e in api.enums if e.full_name == field.type_name)
+        names = tuple(name for name, _ in enum.values)
+        first = next(name for name, number in enum.values if number == 0)
+        return value, first, names
+    return value, _DEFAULTS.get(value, 0), ()
+
+
 def param_cases(api: Api, message: str) -> ParamCases:
     m = api.message(message)
     by_kind = {"bool": "bool", "string": "str", "bytes": "bytes", "double": "float", "float": "float",
@@ -125,7 +149,9 @@ def bind(api: Api, schema: Schema) -> Binding | None:
         field = message.field(prop.field)
         assert field is not None
         kind, nested = _kind(api, field, prop.schema)
-        fields.append(FieldBinding(prop.name, field.name, kind, nested, prop.required, field.oneof))
+        value, default, enum = _value(api, field)
+        fields.append(FieldBinding(prop.name, field.name, kind, nested, prop.required, field.oneof, value, default,
+                                   enum))
         raw_field = prop.schema.get("x-oip-raw")
         if isinstance(raw_field, str):
             raw = (prop.name, raw_field)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ class BuildOptions:
     templates: Path | None = None
     # Per-target settings: the tables [tool.oipgen.<target>] of pyproject.toml (deploy: image, names, replicas...).
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    dist_name: str | None = None
+    dist_version: str | None = None
 
     @property
     def package_dir(self) -> Path:
@@ -36,6 +39,10 @@ class OptionsError(ValueError):
     pass
 
 
+_DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_VERSION = re.compile(r"(\d+!)?\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?")
+
+
 def validate(opts: BuildOptions) -> None:
     from .targets import PUBLIC, resolve
 
@@ -44,6 +51,10 @@ def validate(opts: BuildOptions) -> None:
     for t in opts.targets:
         if t != "all" and t not in PUBLIC:
             raise OptionsError(f"unknown target {t!r}; choose from {', '.join((*PUBLIC, 'all'))}")
+    if opts.dist_name is not None and not _DIST_NAME.fullmatch(opts.dist_name):
+        raise OptionsError(f"dist_name {opts.dist_name!r} is not a valid distribution name (PEP 508)")
+    if opts.dist_version is not None and not _VERSION.fullmatch(opts.dist_version):
+        raise OptionsError(f"dist_version {opts.dist_version!r} is not a valid version (PEP 440), like 1.2.0")
     if opts.templates is not None and not opts.templates.is_dir():
         raise OptionsError(f"--templates {opts.templates}: no such directory")
     if "deploy" in resolve(list(opts.targets)):
@@ -80,6 +91,7 @@ def inputs_hash(opts: BuildOptions) -> str:
     total = hashlib.sha256()
     total.update(f"oipgen {__version__}\n".encode())
     total.update(f"package {opts.package}\ntargets {','.join(resolve(list(opts.targets)))}\n".encode())
+    total.update(f"dist {opts.dist_name or ''} {opts.dist_version or ''}\n".encode())
     for tool, version in sorted(tool_versions().items()):
         total.update(f"{tool} {version}\n".encode())
     _, spec_hash = hash_files(opts.spec, spec_inputs(opts.spec)) if opts.spec.is_dir() else ([], "none")
@@ -96,7 +108,7 @@ def build_tree(opts: BuildOptions) -> Tree:
     from .load import load_spec
     from .plan import make_plan
     from .render import Renderer, header_lines
-    from .targets import Context, build, requirements, resolve
+    from .targets import Context, build, part_requirements, parts, requirements, resolve
 
     api = load_spec(opts.spec)
     header = header_lines()
@@ -104,9 +116,10 @@ def build_tree(opts: BuildOptions) -> Tree:
         opts.templates,
         {"api": api, "plan": make_plan(api), "package": opts.package, "header": header, "oipgen_version": __version__},
     )
-    ctx = Context(api=api, package=opts.package, renderer=renderer, header=header, settings=opts.settings)
-    tree = Tree()
     targets = resolve(list(opts.targets))
+    ctx = Context(api=api, package=opts.package, renderer=renderer, header=header, settings=opts.settings,
+                  parts=tuple(parts(targets)), dist_name=opts.dist_name, dist_version=opts.dist_version)
+    tree = Tree()
     for name in targets:
         build(name, ctx, tree)
     inside = f"{BESIDE}{opts.package}/"
@@ -122,6 +135,7 @@ def build_tree(opts: BuildOptions) -> Tree:
         "inputs_sha256": inputs_hash(opts),
         "tools": tool_versions(),
         "runtime_requirements": requirements(targets),
+        "parts": {part: part_requirements(part) for part in parts(targets)},
     }
     tree.add(MANIFEST, manifest_bytes(meta, tree))
     return tree

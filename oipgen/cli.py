@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="generate the package (or, with --check, verify it is current)")
     b.add_argument("--target", action="append", metavar="NAME",
                    help=f"{_targets_help()} (repeatable; default: [tool.oipgen] targets, else all)")
-    b.add_argument("--spec", type=Path, help="spec directory (default: spec)")
+    b.add_argument("--spec", type=Path, help="spec directory (default: ./spec if present, else the bundled one)")
     b.add_argument("--out", type=Path, help="output directory (default: generated)")
     b.add_argument("--package", help="name of the generated package (default: oip)")
     b.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a declared output (repeatable; default: OUTPUT0 with the first input's datatype and shape)")
     m.add_argument("--package",
                    help="the generated package the model imports (default: [tool.oipgen] package, else oip)")
-    m.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
+    m.add_argument("--spec", type=Path,
+                   help="spec directory, for its datatype table (default: ./spec if present, else the bundled one)")
     c = sub.add_parser("client", help="write a typed client module for one model, from its metadata")
     source = c.add_mutually_exclusive_group(required=True)
     source.add_argument("--server", metavar="URL", help="a server's REST address, asked for the model's metadata")
@@ -85,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: [tool.oipgen] package, else oip)")
     c.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
     c.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
+    sp = sub.add_parser("spec", help="the standard spec bundled with oipgen")
+    sp_kinds = sp.add_subparsers(dest="kind", required=True)
+    e = sp_kinds.add_parser("export", help="write the bundled spec into DIR, to own and extend it (never overwrites)")
+    e.add_argument("dir", metavar="DIR", type=Path)
     return p
 
 
@@ -98,16 +103,32 @@ def main(argv: list[str] | None = None) -> int:
         return _breaking(args)
     if args.command == "client":
         return _client(args)
+    if args.command == "spec":
+        return _spec_export(args.dir)
     return 2
 
 
+def _spec_export(target: Path) -> int:
+    from .bundled import export
+
+    try:
+        written = export(target)
+    except OSError as e:
+        print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"oipgen: wrote the bundled spec ({len(written)} files) to {target}; build from it with --spec {target} "
+          f"or [tool.oipgen] spec = \"{target}\"")
+    return 0
+
+
 def _scaffold(args: argparse.Namespace) -> int:
+    from .bundled import spec_dir
     from .scaffold import ScaffoldError, datatype_names, scaffold_model
 
     config, root = _config(Path.cwd())
     repository = args.repository if args.repository is not None else (
         root / str(config.get("model_repository", "models")))
-    spec = args.spec if args.spec is not None else root / str(config.get("spec", "spec"))
+    spec = spec_dir(args.spec, config.get("spec"), root)
     package = args.package or str(config.get("package", "oip"))
     try:
         written = scaffold_model(repository, args.name, package=package, datatypes=datatype_names(spec),
@@ -197,6 +218,7 @@ def _client(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from .build import BuildOptions, OptionsError, validate
+    from .bundled import spec_dir
     from .output import is_current
     from .targets import PUBLIC
 
@@ -212,12 +234,14 @@ def _build(args: argparse.Namespace) -> int:
     templates = args.templates if args.templates is not None else (
         root / str(config["templates"]) if config.get("templates") else None)
     opts = BuildOptions(
-        spec=path_option(args.spec, "spec", "spec"),
+        spec=spec_dir(args.spec, config.get("spec"), root),
         out=path_option(args.out, "out", "generated"),
         package=args.package or str(config.get("package", "oip")),
         targets=tuple(t for item in targets for t in str(item).split(",") if t),
         templates=templates,
         settings={name: table for name, table in config.items() if name in PUBLIC and isinstance(table, dict)},
+        dist_name=str(config["dist_name"]) if config.get("dist_name") else None,
+        dist_version=str(config["dist_version"]) if config.get("dist_version") else None,
     )
     try:
         validate(opts)
@@ -252,7 +276,11 @@ def _build(args: argparse.Namespace) -> int:
 
     from .output import display, write
 
-    actions = write(opts.package_dir, tree)
+    try:
+        actions = write(opts.package_dir, tree)
+    except FileExistsError as e:
+        print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_REFUSED
     if not args.quiet:
         for action, rel in actions:
             print(f"  {action:8} {display(opts.package_dir, rel)}")

@@ -1,8 +1,8 @@
 """Targets: each one reads the API model and adds files to the generated tree.
 
 A target is a module with `build(ctx, tree)`. Modules are imported only when built, so that checking an
-up-to-date tree never imports a generator. What each target's output needs at run time is listed here, with the
-version ranges the suite tests, and goes into the manifest.
+up-to-date tree never imports a generator. What each part of the output needs at run time is listed here, with
+the version ranges the suite tests, and goes into the manifest.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class Context:
     renderer: Renderer
     header: str
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # [tool.oipgen.<target>] tables
+    parts: tuple[str, ...] = ()  # the parts of the package being built (REQUIREMENTS' keys)
+    dist_name: str | None = None  # `dist`: the distribution's name and version, when configured
+    dist_version: str | None = None
 
 
 class _TargetModule(Protocol):
@@ -40,19 +43,38 @@ TARGETS: dict[str, tuple[tuple[str, ...], str]] = {
     "server": (("package", "models", "grpc"), "oipgen.targets.server"),
     "client": (("package", "models", "grpc"), "oipgen.targets.client"),
     "deploy": (("package", "models", "grpc", "server"), "oipgen.targets.deploy"),
+    "dist": (("package",), "oipgen.targets.dist"),
 }
 
-# What the generated code of each target imports at run time.
+# The parts of the generated package, each with what its code imports at run time beyond the parts it builds on.
+# This is the one place these requirements live: the manifest lists them and `dist` makes them extras.
+#   core    models, datatypes, codec, bodies (always there)
+#   rest    the REST clients (client/ but client/grpc.py)
+#   grpc    the protobuf messages and stubs, convert, the gRPC clients
+#   server  the REST + gRPC server, `python -m <package> serve`, the conformance suite
 REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "package": (),
-    "models": ("numpy>=1.26,<3", "ml-dtypes>=0.4,<0.6", "pydantic>=2.7,<3"),
+    "core": ("numpy>=1.26,<3", "ml-dtypes>=0.4,<0.6", "pydantic>=2.7,<3", "orjson>=3.10,<4"),
+    "rest": ("httpx>=0.27,<1",),
+    # The stubs' floors: protoc of grpcio-tools 1.76 writes protobuf 6.31.1 gencode, which checks the runtime
+    # is 6.31.1 or newer within major 6 (7 accepts it too), and a grpc stub that wants grpcio 1.76 or newer.
     "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
     "server": (
-        "fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "orjson>=3.10,<4", "httpx>=0.27,<1",
+        "fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "httpx>=0.27,<1",
         "opentelemetry-api>=1.25,<2", "opentelemetry-sdk>=1.25,<2", "opentelemetry-exporter-otlp-proto-http>=1.25,<2",
         "opentelemetry-exporter-otlp-proto-grpc>=1.25,<2",
     ),
-    "client": ("httpx>=0.27,<1", "orjson>=3.10,<4"),
+}
+# The parts each part builds on.
+PART_NEEDS: dict[str, tuple[str, ...]] = {"core": (), "rest": ("core",), "grpc": ("core",),
+                                          "server": ("core", "grpc")}
+# The parts each target's files belong to.
+TARGET_PARTS: dict[str, tuple[str, ...]] = {
+    "package": (),
+    "models": ("core",),
+    "grpc": ("grpc",),
+    "server": ("server",),
+    "client": ("rest", "grpc"),
+    "dist": (),
     "deploy": (),  # files beside the package, for the engines that run it; the package does not import them
 }
 PUBLIC = tuple(t for t in TARGETS if t != "package")
@@ -75,8 +97,20 @@ def resolve(names: list[str]) -> list[str]:
     return [t for t in TARGETS if t in wanted]
 
 
+def parts(targets: list[str]) -> list[str]:
+    """The parts of the package the built targets make up, in REQUIREMENTS' order."""
+    built = {p for t in targets for p in TARGET_PARTS[t]}
+    return [p for p in REQUIREMENTS if p in built]
+
+
+def part_requirements(part: str) -> list[str]:
+    """Everything `part` needs, the parts it builds on included."""
+    return sorted({r for p in (*PART_NEEDS[part], part) for r in REQUIREMENTS[p]})
+
+
 def requirements(targets: list[str]) -> list[str]:
-    return sorted({r for t in targets for r in REQUIREMENTS[t]})
+    """Everything the package built from `targets` needs, all parts together."""
+    return sorted({r for p in parts(targets) for r in part_requirements(p)})
 
 
 def render_folder(ctx: Context, tree: Tree, folder: str, extra: tuple[str, ...] = ()) -> None:

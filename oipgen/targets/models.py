@@ -1,5 +1,6 @@
-"""Target `models`: pydantic v2 models of every REST body, the datatype table, the numpy codecs and the
-extensions (their names, operations and reserved parameter keys).
+"""Target `models`: pydantic v2 models of every REST body, the datatype table, the numpy codecs, the
+extensions (their names, operations and reserved parameter keys) and the REST side of the bindings (`bodies`:
+each schema's plan, reading and completing bodies without protobuf).
 
 The models come from datamodel-code-generator with pinned options (below): type aliases keep tensor `data` a
 recursive union and parameter maps plain dicts of scalars, with `extra="allow"` so no parameter is dropped; every
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bindings import all_param_cases, bindings
 from ..output import Tree
 from . import Context
 
@@ -55,3 +57,5 @@ def build(ctx: Context, tree: Tree) -> None:
         tree.add(rel, ctx.renderer.copy(source))
     tree.add("datatypes.py", ctx.renderer.render("datatypes.py.jinja"))
     tree.add("extensions.py", ctx.renderer.render("extensions.py.jinja"))
+    tree.add("bodies.py", ctx.renderer.render(
+        "bodies.py.jinja", bindings=bindings(ctx.api), param_cases=all_param_cases(ctx.api)))

@@ -21,14 +21,20 @@ what kind of failure it is, the same class over REST and gRPC:
 A server configured to answer "not ready" with 400 (as Triton and MLServer do) gives InvalidArgument over REST.
 Errors found before anything is sent (a tensor that cannot be encoded, an argument of the wrong type) are
 InvalidArgument with neither `status` nor `code`.
+
+This module does not import grpc, so the REST client works where grpcio is not installed: gRPC codes are mapped
+by their names, and `code` is the `grpc.StatusCode` the gRPC client received.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import sys
+from typing import TYPE_CHECKING, Any, Final
 
-import grpc
 import orjson
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "AlreadyExists",
@@ -134,23 +140,23 @@ HTTP_ERRORS: Final[dict[int, type[OipClientError]]] = {
 }
 """HTTP status -> error class; other 4xx statuses give OipClientError, other 5xx ServerError."""
 
-GRPC_ERRORS: Final[dict[grpc.StatusCode, type[OipClientError]]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: InvalidArgument,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
-    grpc.StatusCode.INTERNAL: ServerError,
-    grpc.StatusCode.UNKNOWN: ServerError,
-    grpc.StatusCode.DATA_LOSS: ServerError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: TooLarge,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+GRPC_ERRORS: Final[dict[str, type[OipClientError]]] = {
+    "INVALID_ARGUMENT": InvalidArgument,
+    "FAILED_PRECONDITION": InvalidArgument,
+    "OUT_OF_RANGE": InvalidArgument,
+    "ALREADY_EXISTS": AlreadyExists,
+    "NOT_FOUND": NotFound,
+    "UNAVAILABLE": Unavailable,
+    "UNIMPLEMENTED": Unimplemented,
+    "INTERNAL": ServerError,
+    "UNKNOWN": ServerError,
+    "DATA_LOSS": ServerError,
+    "RESOURCE_EXHAUSTED": TooLarge,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
+    "UNAUTHENTICATED": Unauthenticated,
+    "PERMISSION_DENIED": PermissionDenied,
 }
-"""gRPC status code -> error class; other codes give OipClientError."""
+"""gRPC status code name (`grpc.StatusCode.NAME.name`) -> error class; other codes give OipClientError."""
 
 
 def http_message(status: int, content: bytes) -> str:
@@ -183,7 +189,8 @@ def from_grpc(error: grpc.RpcError) -> OipClientError:
     details_of = getattr(error, "details", None)
     code = code_of() if callable(code_of) else None
     details = details_of() if callable(details_of) else None
-    if not isinstance(code, grpc.StatusCode):
+    loaded = sys.modules.get("grpc")  # a gRPC error means grpc is imported; this module never imports it
+    if loaded is None or not isinstance(code, loaded.StatusCode):
         return OipClientError(str(error) or type(error).__name__)
-    kind = GRPC_ERRORS.get(code, OipClientError)
+    kind = GRPC_ERRORS.get(code.name, OipClientError)
     return kind(str(details) if details else code.name, code=code)
