@@ -33,7 +33,8 @@ def export(target: Path) -> list[Path]:
     files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     existing = [target / rel for rel in files if (target / rel).exists()]
     if existing:
-        names = ", ".join(str(p) for p in existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
+        more = f" and {len(existing) - 5} more" if len(existing) > 5 else ""
+        names = ", ".join(str(p) for p in existing[:5]) + more
         raise FileExistsError(f"{names} exist already; nothing was written (export into a new folder)")
     for rel in files:
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
