@@ -262,7 +262,7 @@ def server_env(package_dir: Path = GENERATED) -> dict[str, str]:
 
 
 def start_server(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED,
-                 ready: Iterable[str] = ()) -> Server:
+                 ready: Iterable[str] = (), python: Path | str = sys.executable) -> Server:
     """`python -m oip serve` over `repository` with `options`, on 127.0.0.1 and ephemeral ports, in `workdir` (which
     gets the ports file and the log, server.log). Waits, within START_TIMEOUT in all, until both transports listen
     and every model named in `ready` is ready; otherwise kills the server and fails with its log."""
@@ -270,7 +270,7 @@ def start_server(repository: Path, workdir: Path, *options: str, package_dir: Pa
     ports_file = workdir / "ports.json"
     ports_file.unlink(missing_ok=True)
     log = workdir / "server.log"
-    argv = [sys.executable, "-m", "oip", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
+    argv = [str(python), "-m", "oip", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--ports-file", str(ports_file), *options]
     with log.open("wb") as sink:
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, cwd=workdir,
@@ -318,9 +318,9 @@ def _wait_until_ready(server: Server, waiting: list[str], deadline: float) -> No
 
 @contextlib.contextmanager
 def running(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED,
-            ready: Iterable[str] = ()) -> Iterator[Server]:
+            ready: Iterable[str] = (), python: Path | str = sys.executable) -> Iterator[Server]:
     """`start_server(...)` for the length of the block; then `stop()`, and the server must have exited with 0."""
-    server = start_server(repository, workdir, *options, package_dir=package_dir, ready=ready)
+    server = start_server(repository, workdir, *options, package_dir=package_dir, ready=ready, python=python)
     try:
         yield server
     finally:

@@ -1,8 +1,8 @@
 """The generated clients against a server nobody here wrote: MLServer 1.7.1, so the clients are not tuned to this
 package's own server.
 
-The set-up installs `mlserver==1.7.1` from the package index into its own virtual environment (once per test
-session, under the session's temporary directory; about half a minute) and serves Triton's `simple` model written
+The set-up installs `mlserver==1.7.1` from the package index into its own virtual environment (cached under
+.cache/venvs by tests/venvs.py; about half a minute the first time) and serves Triton's `simple` model written
 for MLServer's API (an `MLModel` and its model-settings.json). If the index cannot be reached the tests fail, with
 pip's message: CI has the index, so a missing MLServer is an error there, not a skip.
 
@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -45,9 +44,9 @@ from oip.client import grpc as client_grpc
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 from serving import Recording
+from venvs import cached_venv
 
 MLSERVER = "mlserver==1.7.1"
-INSTALL_TIMEOUT = 900.0
 START_TIMEOUT = 90.0
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.full((1, 16), 2, dtype=np.int32)
@@ -86,21 +85,9 @@ MODEL_SETTINGS = {
 
 
 @pytest.fixture(scope="session")
-def mlserver_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`mlserver` from a fresh virtual environment holding mlserver 1.7.1 from the package index."""
-    venv = tmp_path_factory.mktemp("mlserver-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    result = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", MLSERVER],
-        capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-    )
-    if result.returncode != 0:
-        pytest.fail(
-            f"could not install {MLSERVER} from the package index into {venv} (these tests need the index; CI has "
-            f"it):\n{result.stderr[-3000:]}",
-            pytrace=False,
-        )
-    return venv / "bin" / "mlserver"
+def mlserver_bin() -> Path:
+    """`mlserver` from a virtual environment holding mlserver 1.7.1 from the package index (cached: tests/venvs.py)."""
+    return cached_venv("mlserver", [MLSERVER]) / "bin" / "mlserver"
 
 
 def free_ports(count: int) -> list[int]:

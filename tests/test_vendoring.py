@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import GENERATED, oipgen
+from venvs import cached_venv
 
 TYPING_PACKAGES = ["mypy>=1.10", "types-protobuf>=6.30", "types-grpcio>=1.0.0.20250000"]
 
@@ -21,17 +22,11 @@ def _run(python: Path | str, code: str, cwd: Path, **env: str) -> subprocess.Com
 
 
 @pytest.fixture(scope="session")
-def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment with only what the manifest says the package needs (and mypy): no oipgen."""
-    venv = tmp_path_factory.mktemp("runtime") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+def runtime_venv() -> Path:
+    """A virtual environment with only what the manifest says the package needs (and mypy): no oipgen (cached:
+    tests/venvs.py)."""
     manifest = json.loads((GENERATED / "oip" / "_oipgen_manifest.json").read_text())
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         *manifest["runtime_requirements"], *TYPING_PACKAGES],
-        check=True, timeout=600,
-    )
-    return venv
+    return cached_venv("runtime", [*manifest["runtime_requirements"], *TYPING_PACKAGES])
 
 
 @pytest.fixture(scope="session")

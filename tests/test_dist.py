@@ -1,0 +1,320 @@
+"""The package as a distribution, and each of its parts alone.
+
+- `generated/pyproject.toml` (target `dist`) makes `generated/` installable with extras per part; its wheel is the
+  same bytes twice and holds `py.typed`.
+- Each part runs in a venv holding that part's extra and nothing else: the REST client without grpcio, protobuf
+  or FastAPI; the gRPC client and the converters without httpx or FastAPI, at the declared floors of protobuf and
+  grpcio and at the newest versions, and not below the floors; the server from its extra.
+- Our `rest` and `grpc` parts beside tritonclient[all], MLServer 1.7.1 and KServe 0.21 in one venv each, theirs
+  imported first, against the generated server.
+
+The venvs are cached under .cache/venvs (tests/venvs.py), keyed by their requirements; the package's own wheel is
+reinstalled into them on each run. Cold (empty cache, warm pip cache, this 2-core machine): about 4 minutes for the
+group; warm: about 1 minute.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import GENERATED, ROOT
+from serving import Server, build_repository, running
+from venvs import cached_venv, installed, pip, python, run
+
+from oipgen.targets import REQUIREMENTS
+
+PYPROJECT = GENERATED / "pyproject.toml"
+SOURCE_DATE_EPOCH = "1700000000"
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def floor(name: str) -> str:
+    """The lowest version REQUIREMENTS declares for `name`."""
+    for reqs in REQUIREMENTS.values():
+        for r in reqs:
+            if _name(r) == name:
+                found = re.search(r">=([\w.]+)", r)
+                assert found, r
+                return found.group(1)
+    raise KeyError(name)
+
+
+def extra(name: str) -> list[str]:
+    """What `pip install "generated[name]"` asks for: the base requirements and the extra's."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    return sorted({*project["dependencies"], *project["optional-dependencies"][name]})
+
+
+def build_wheel(source: Path, out: Path, **env: str) -> Path:
+    """A wheel of the distribution in `source` (hatchling, as pip would build it), written into `out`."""
+    copy = out / "src"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom hatchling.build import build_wheel\nprint(build_wheel(sys.argv[1]))",
+         str(out)], cwd=copy, capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", **env})
+    assert result.returncode == 0, result.stderr
+    return out / result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(GENERATED, tmp_path_factory.mktemp("wheel"), SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+
+
+def part_venv(name: str, wheel: Path, *pins: str) -> Path:
+    """A cached venv built by `pip install "generated[name]" PINS`; this run's wheel installed into it."""
+    copy = wheel.parent / f"dist-{name}"
+    if not copy.exists():
+        shutil.copytree(GENERATED, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    venv = cached_venv(f"dist-{name}", [*extra(name), *pins], install=[f"{copy}[{name}]", *pins])
+    pip(venv, "--no-deps", "--force-reinstall", str(wheel))
+    return venv
+
+
+# --- the distribution ---------------------------------------------------------------------------------------------
+
+
+def test_pyproject_extras_are_the_parts() -> None:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    assert project["name"] == "oip" and project["version"] == "2.0"  # defaults: the package, the spec's version
+    assert sorted(project["dependencies"]) == sorted(REQUIREMENTS["core"])
+    extras = project["optional-dependencies"]
+    assert set(extras) == {"rest", "grpc", "server", "all"}
+    assert set(extras["rest"]) == set(REQUIREMENTS["rest"])
+    assert set(extras["grpc"]) == set(REQUIREMENTS["grpc"])
+    assert set(extras["server"]) == {*REQUIREMENTS["grpc"], *REQUIREMENTS["server"]}
+    assert set(extras["all"]) == {r for part in ("rest", "grpc", "server") for r in REQUIREMENTS[part]}
+    manifest = json.loads((GENERATED / "oip" / "_oipgen_manifest.json").read_text())
+    assert manifest["parts"] == {part: sorted({*REQUIREMENTS["core"], *extras[part]})
+                                 for part in ("rest", "grpc", "server")} | {"core": sorted(REQUIREMENTS["core"])}
+
+
+def test_oipgen_dev_environment_covers_every_part() -> None:
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert {r for reqs in REQUIREMENTS.values() for r in reqs} <= set(dev)
+
+
+def test_the_wheel_is_reproducible_and_typed(wheel: Path, tmp_path: Path) -> None:
+    again = build_wheel(GENERATED, tmp_path / "again", SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+    assert again.name == wheel.name == "oip-2.0-py3-none-any.whl"
+    assert again.read_bytes() == wheel.read_bytes()
+    without = build_wheel(GENERATED, tmp_path / "without")  # hatchling's fixed default timestamp
+    assert without.read_bytes() == build_wheel(GENERATED, tmp_path / "without-again").read_bytes()
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "oip/py.typed" in names and "oip/grpc/grpc_service_pb2.pyi" in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    on_disk = sorted(p.relative_to(GENERATED).as_posix() for p in (GENERATED / "oip").rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts)
+    assert sorted(n for n in names if n.startswith("oip/")) == on_disk
+
+
+def test_name_and_version_come_from_tool_oipgen(tmp_path: Path) -> None:
+    from conftest import oipgen
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.oipgen]\nout = "vendor"\npackage = "acme_oip"\ndist_name = "acme-oip"\ndist_version = "1.2.3"\n'
+        'targets = ["models", "client", "dist"]\n')
+    result = oipgen("build", "--spec", str(ROOT / "spec"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    project = tomllib.loads((tmp_path / "vendor" / "pyproject.toml").read_text())["project"]
+    assert (project["name"], project["version"]) == ("acme-oip", "1.2.3")
+    assert set(project["optional-dependencies"]) == {"rest", "grpc", "all"}  # no server built
+    built = build_wheel(tmp_path / "vendor", tmp_path / "wheel")
+    assert built.name == "acme_oip-1.2.3-py3-none-any.whl"
+    assert "acme_oip/client/rest.py" in zipfile.ZipFile(built).namelist()
+    (tmp_path / "pyproject.toml").write_text('[tool.oipgen]\nout = "vendor"\ndist_version = "not a version"\n')
+    result = oipgen("build", "--spec", str(ROOT / "spec"), cwd=tmp_path)
+    assert result.returncode == 2 and "dist_version 'not a version' is not a valid version" in result.stderr
+
+
+def test_a_foreign_pyproject_is_never_overwritten(tmp_path: Path) -> None:
+    from conftest import oipgen
+
+    mine = '[project]\nname = "mine"\n'
+    (tmp_path / "pyproject.toml").write_text(mine)
+    result = oipgen("build", "--spec", str(ROOT / "spec"), "--out", ".", "--package", "p", cwd=tmp_path)
+    assert result.returncode == 1 and "was not written by oipgen; nothing was written" in result.stderr
+    assert (tmp_path / "pyproject.toml").read_text() == mine and not (tmp_path / "p").exists()
+    result = oipgen("build", "--spec", str(ROOT / "spec"), "--out", ".", "--package", "p", "--target", "models",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr  # without `dist`, the folder's own pyproject.toml is left alone
+    assert (tmp_path / "pyproject.toml").read_text() == mine
+
+
+# --- each part alone ----------------------------------------------------------------------------------------------
+
+GRPC_STACK = {"grpcio", "protobuf"}
+SERVER_STACK = {"fastapi", "starlette", "uvicorn"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("dist-server")
+    with running(build_repository(root / "models", only=("simple",)), root, ready=["simple"]) as server:
+        yield server
+
+
+# Run in a venv: both clients asked for must work, against the server at URL / TARGET; the modules a part must not
+# import are checked after all of it ran.
+CLIENTS = """
+import os, sys
+import numpy as np
+from oip import bodies, codec, datatypes, models
+from oip.client import NotFound
+
+A = np.arange(16, dtype=np.int32).reshape(1, 16)
+B = np.ones((1, 16), dtype=np.int32)
+for kind in os.environ["CLIENTS"].split(","):
+    if kind == "rest":
+        from oip.client import RestClient
+        client = RestClient(os.environ["URL"], trust_env=False)
+    else:
+        from oip.client import GrpcClient
+        client = GrpcClient(os.environ["TARGET"])
+    with client:
+        result = client.infer("simple", {"INPUT0": A, "INPUT1": B})
+        assert (result.as_numpy("OUTPUT0") == A + B).all() and (result.as_numpy("OUTPUT1") == A - B).all()
+        assert [t.name for t in client.model_metadata("simple").inputs] == ["INPUT0", "INPUT1"]
+        config = client.model_config("simple")
+        assert config.name == "simple" and config.max_batch_size == 0  # completed with its defaults
+        statistics = client.model_statistics("simple")
+        assert statistics.model_stats[0].inference_stats.success.count >= 1
+        try:
+            client.model_metadata("nope")
+            raise AssertionError("expected NotFound")
+        except NotFound as e:
+            assert (e.status == 404) if kind == "rest" else (e.code.name == "NOT_FOUND"), e
+if os.environ.get("CONVERT"):
+    from oip import convert
+    from oip.grpc import grpc_service_pb2 as pb
+    request = models.InferenceRequest.model_validate(
+        {"id": "1", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.5, 2.5]}]})
+    message = convert.inference_request_to_proto(request, raw=True, model_name="identity_fp32")
+    again = pb.ModelInferRequest.FromString(message.SerializeToString())
+    assert codec.from_raw(again.raw_input_contents[0], "FP32", [2]).tolist() == [1.5, 2.5]
+    body = convert.proto_to_rest("InferenceRequest", convert.rest_to_proto("InferenceRequest", request.model_dump(
+        mode="json", exclude_none=True)))
+    assert body["inputs"][0]["data"] == [1.5, 2.5] and body["id"] == "1"
+absent = [m for m in os.environ.get("ABSENT", "").split(",") if m]
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in absent)
+assert not loaded, f"imported: {loaded}"
+import google.protobuf, grpc
+print(google.protobuf.__version__, grpc.__version__) if os.environ.get("CONVERT") else print("ok")
+"""
+
+
+def test_rest_part_alone(wheel: Path, server: Server) -> None:
+    venv = part_venv("rest", wheel)
+    have = installed(venv)
+    assert "oip" in have and "httpx" in have
+    assert not (GRPC_STACK | SERVER_STACK) & set(have), sorted(have)
+    code = CLIENTS.replace("import google.protobuf, grpc\n", "")
+    run(venv, code, env={"CLIENTS": "rest", "URL": server.url, "ABSENT": "grpc,google,fastapi,starlette,uvicorn"})
+    result = subprocess.run([str(python(venv)), "-c", "from oip.client import GrpcClient"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "GrpcClient needs" in result.stderr and "`grpc` extra" in result.stderr
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def _grpc_part(venv: Path, server: Server) -> tuple[str, str]:
+    have = installed(venv)
+    assert "oip" in have and not ({"httpx"} | SERVER_STACK) & set(have), sorted(have)
+    result = run(venv, CLIENTS, env={"CLIENTS": "grpc", "TARGET": server.target, "CONVERT": "1",
+                                     "ABSENT": "httpx,fastapi,starlette,uvicorn"})
+    protobuf, grpcio = result.stdout.split()
+    assert (protobuf, grpcio) == (have["protobuf"], have["grpcio"])
+    assert "warn" not in result.stderr.lower(), result.stderr  # no gencode/runtime warning either
+    return protobuf, grpcio
+
+
+def test_grpc_part_alone_at_the_newest_versions(wheel: Path, server: Server) -> None:
+    protobuf, grpcio = _grpc_part(part_venv("grpc", wheel), server)
+    assert _version(protobuf) >= (7, 0), protobuf  # the newest major that <8 allows
+    assert _version(grpcio) > _version(floor("grpcio")), grpcio
+
+
+def test_grpc_part_alone_at_the_declared_floors(wheel: Path, server: Server) -> None:
+    pins = (f"protobuf=={floor('protobuf')}", f"grpcio=={floor('grpcio')}")
+    protobuf, grpcio = _grpc_part(part_venv("grpc", wheel, *pins), server)
+    assert (protobuf, grpcio) == (floor("protobuf"), floor("grpcio"))
+
+
+def test_below_the_floors_the_stubs_refuse_to_load(wheel: Path) -> None:
+    """The floors are the stubs' own: one release below either one, the generated code refuses to import."""
+    venv = cached_venv("below-floors", [*REQUIREMENTS["core"], "protobuf==6.30.2", "grpcio==1.75.1"])
+    pip(venv, "--no-deps", "--force-reinstall", str(wheel))
+    result = subprocess.run([str(python(venv)), "-c", "import oip.grpc.grpc_service_pb2"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1 and "gencode 6.31.1 runtime 6.30.2" in result.stderr, result.stderr
+    result = subprocess.run([str(python(venv)), "-c", "import oip.grpc.grpc_service_pb2_grpc"], capture_output=True,
+                            text=True, timeout=120, env={"TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK": "true"})
+    assert result.returncode == 1 and "depends on grpcio>=1.76.0" in result.stderr, result.stderr
+    assert floor("protobuf") == "6.31.1" and floor("grpcio") == "1.76.0"
+
+
+def test_server_part_alone(wheel: Path, tmp_path: Path) -> None:
+    venv = part_venv("server", wheel)
+    assert "httpx" in installed(venv)  # the conformance suite's
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    with running(repository, tmp_path, package_dir=empty, ready=["simple"], python=python(venv)) as served, \
+            served.http_client() as http:
+        body = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                           for n in ("INPUT0", "INPUT1")]}
+        reply = http.post("/v2/models/simple/infer", json=body)
+        assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [2 * i for i in range(16)]
+
+
+# --- beside the clients people already have --------------------------------------------------------------------
+
+# theirs: what to install, and what to import (first) and call in the same process
+THEIRS = {
+    "tritonclient": (["tritonclient[all]"], """
+        import tritonclient.grpc as triton_grpc, tritonclient.http as triton_http
+        from tritonclient.grpc import service_pb2
+        assert triton_grpc.InferenceServerClient(os.environ["TARGET"]).is_server_live()
+        assert triton_http.InferenceServerClient(os.environ["URL"][len("http://"):]).is_server_live()
+    """),
+    "mlserver": (["mlserver==1.7.1"], """
+        import mlserver, mlserver.codecs
+        from mlserver.grpc import dataplane_pb2 as service_pb2
+    """),
+    "kserve": (["kserve==0.21.0"], """
+        import kserve
+        from kserve.protocol.grpc import grpc_predict_v2_pb2 as service_pb2
+    """),
+}
+
+
+@pytest.mark.parametrize("theirs", list(THEIRS))
+def test_beside_theirs(theirs: str, wheel: Path, server: Server) -> None:
+    install, use = THEIRS[theirs]
+    ours = sorted({*extra("rest"), *extra("grpc")})
+    venv = cached_venv(f"beside-{theirs}", [*install, *ours])
+    pip(venv, "--no-deps", "--force-reinstall", str(wheel))
+    first = "import os\n" + textwrap.dedent(use) + textwrap.dedent("""
+        assert service_pb2.DESCRIPTOR.pool is not None and "inference.ModelInferRequest" in str(
+            service_pb2.ModelInferRequest.DESCRIPTOR.full_name)
+    """)
+    result = run(venv, first + CLIENTS, env={"CLIENTS": "rest,grpc", "URL": server.url, "TARGET": server.target,
+                                             "CONVERT": "1"})
+    protobuf, grpcio = result.stdout.split()[-2:]
+    have = installed(venv)
+    assert (protobuf, grpcio) == (have["protobuf"], have["grpcio"])
