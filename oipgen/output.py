@@ -164,13 +164,21 @@ def write(package_dir: Path, tree: Tree) -> list[tuple[str, str]]:
     """Write the tree; return (action, path) for each file touched.
 
     Unchanged files are left alone (their mtimes too); files the previous manifest listed that are no longer
-    generated are removed; nothing else in the directory is ever deleted.
+    generated are removed; nothing else in the directory is ever deleted. A file beside the package that exists,
+    differs and is not listed in the previous manifest (a project's own pyproject.toml, say) is never overwritten:
+    FileExistsError, and nothing is written.
     """
     old = read_manifest(package_dir) or {}
     previous = set((old.get("files") or {}).keys()) if isinstance(old.get("files"), dict) else set()
+    for rel in sorted(tree.files):  # a file beside the package that someone else wrote is never overwritten
+        target = Path(display(package_dir, rel))
+        if rel.startswith(BESIDE) and rel not in previous and target.exists() and (
+                not target.is_file() or target.read_bytes() != tree.files[rel]):
+            raise FileExistsError(f"{target} exists and was not written by oipgen; nothing was written (choose "
+                                  f"another output folder, or leave out the target that writes it)")
     actions: list[tuple[str, str]] = []
     for rel in sorted(tree.files):
-        target = package_dir / rel
+        target = Path(display(package_dir, rel))
         data = tree.files[rel]
         if target.is_file() and target.read_bytes() == data:
             continue

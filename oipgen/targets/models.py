@@ -9,6 +9,8 @@ class derives from `OipModel`, whose dumps leave out None fields.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from ..bindings import all_param_cases, bindings
@@ -27,6 +29,9 @@ DCG_OPTIONS: dict[str, Any] = {
     "use_type_alias": True,
     "disable_timestamp": True,
     "formatters": ["builtin"],
+    # The formatter would otherwise take its line length (and more) from the nearest pyproject.toml of the
+    # current folder: pinned here, and its settings are read from an empty folder, so any project gets the same bytes.
+    "builtin_format_line_length": 120,
     "base_class": f"{_BASE_PLACEHOLDER}.OipModel",
 }
 
@@ -39,14 +44,17 @@ def build(ctx: Context, tree: Tree) -> None:
         generate,
     )
 
-    code = generate(
-        ctx.api.openapi,
-        input_file_type=InputFileType.OpenAPI,
-        output_model_type=DataModelType.PydanticV2BaseModel,
-        target_python_version=PythonVersion.PY_311,
-        custom_file_header=ctx.header + '\n"""Pydantic models of the REST bodies of the protocol."""',
-        **DCG_OPTIONS,
-    )
+    with tempfile.TemporaryDirectory() as settings:
+        (Path(settings) / "pyproject.toml").write_text("[tool]\n", encoding="utf-8")
+        code = generate(
+            ctx.api.openapi,
+            input_file_type=InputFileType.OpenAPI,
+            output_model_type=DataModelType.PydanticV2BaseModel,
+            target_python_version=PythonVersion.PY_311,
+            custom_file_header=ctx.header + '\n"""Pydantic models of the REST bodies of the protocol."""',
+            settings_path=Path(settings),
+            **DCG_OPTIONS,
+        )
     if not isinstance(code, str):
         raise RuntimeError("datamodel-code-generator returned several modules; expected one")
     placeholder = f"from {_BASE_PLACEHOLDER} import OipModel"
