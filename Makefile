@@ -6,9 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: build test goldens lint bench-build bench bench-scale bench-client serve clean
 
-$(STAMP): pyproject.toml
+# oipgen with its dev tools, and every part's run-time requirements from their one source (REQUIREMENTS in
+# oipgen/targets/__init__.py), so the suite can run the generated package here.
+$(STAMP): pyproject.toml oipgen/targets/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -c 'from oipgen.targets import TARGETS, requirements; print(*requirements(list(TARGETS)), sep="\n")' \
+		> $(VENV)/runtime-requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/runtime-requirements.txt
 	touch $(STAMP)
 
 ## build: create the virtual environment, install oipgen and generate every target into generated/
