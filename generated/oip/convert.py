@@ -5,8 +5,8 @@
 """Convert between the REST form of the protocol (JSON bodies, or the pydantic models of `models`) and its gRPC
 form (the protobuf messages of `grpc`).
 
-The field-by-field plan below is rendered from the spec's x-oip ties. Tensor data goes through `codec` as numpy
-arrays: JSON `data` becomes typed `contents` (or `raw_*_contents` with `raw=True`) and back.
+The field-by-field plan (`bodies.BINDINGS`) is rendered from the spec's x-oip ties. Tensor data goes through
+`codec` as numpy arrays: JSON `data` becomes typed `contents` (or `raw_*_contents` with `raw=True`) and back.
 
 - `rest_to_proto(schema, body, raw=False, path=None)` and `proto_to_rest(schema, message, **rest_only)` work on
   plain JSON values (dicts and lists), for code that never builds pydantic models;
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, MutableSequence
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
 from pydantic import TypeAdapter
 
 from . import codec, models
+from .bodies import BINDINGS, PARAM_SCHEMAS, PARAMS, Binding, ParamCases
 from .grpc import model_config_pb2
 from .grpc import grpc_service_pb2
 
@@ -37,656 +37,57 @@ class ConvertError(ValueError):
     """A value that has no form on the other side (a parameter of the wrong type, tensor data that does not decode)."""
 
 
-@dataclass(frozen=True)
-class _Field:
-    prop: str
-    field: str
-    kind: str
-    schema: str | None
-    required: bool
-    oneof: str | None
-
-
-@dataclass(frozen=True)
-class _Binding:
-    message: type[Message]
-    unwrap: str | None
-    unwrap_kind: str | None
-    item_schema: str | None
-    fields: tuple[_Field, ...]
-    raw: tuple[str, str] | None
-
-
-@dataclass(frozen=True)
-class _ParamCases:
-    oneof: str
-    cases: Mapping[str, str]
-
-
-_PARAMS: dict[str, _ParamCases] = {
-    'inference.InferParameter': _ParamCases('parameter_choice', {'bool': 'bool_param', 'int': 'int64_param', 'str': 'string_param', 'float': 'double_param', 'uint': 'uint64_param'}),
-    'inference.ModelRepositoryParameter': _ParamCases('parameter_choice', {'bool': 'bool_param', 'int': 'int64_param', 'str': 'string_param', 'bytes': 'bytes_param'}),
-}
-
-# The parameter-map schemas, and the value message each one holds.
-_PARAM_SCHEMAS: dict[str, str] = {
-    'Parameters': 'inference.InferParameter',
-    'InferRequestParameters': 'inference.InferParameter',
-    'InferInputParameters': 'inference.InferParameter',
-    'InferRequestedOutputParameters': 'inference.InferParameter',
-    'InferOutputParameters': 'inference.InferParameter',
-    'RepositoryParameters': 'inference.ModelRepositoryParameter',
-}
-
-BINDINGS: dict[str, _Binding] = {
-    'ServerLiveResponse': _Binding(
-        grpc_service_pb2.ServerLiveResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('live', 'live', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
-    'ServerReadyResponse': _Binding(
-        grpc_service_pb2.ServerReadyResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('ready', 'ready', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
-    'ModelReadyResponse': _Binding(
-        grpc_service_pb2.ModelReadyResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('ready', 'ready', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
-    'MetadataServerResponse': _Binding(
-        grpc_service_pb2.ServerMetadataResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('version', 'version', 'scalar', None, True, None),
-            _Field('extensions', 'extensions', 'scalars', None, True, None),
-        ),
-        raw=None,
-    ),
-    'MetadataTensor': _Binding(
-        grpc_service_pb2.ModelMetadataResponse.TensorMetadata,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('datatype', 'datatype', 'scalar', None, True, None),
-            _Field('shape', 'shape', 'scalars', None, True, None),
-        ),
-        raw=None,
-    ),
-    'MetadataModelResponse': _Binding(
-        grpc_service_pb2.ModelMetadataResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('versions', 'versions', 'scalars', None, False, None),
-            _Field('platform', 'platform', 'scalar', None, True, None),
-            _Field('inputs', 'inputs', 'messages', 'MetadataTensor', False, None),
-            _Field('outputs', 'outputs', 'messages', 'MetadataTensor', False, None),
-            _Field('properties', 'properties', 'scalar_map', None, False, None),
-        ),
-        raw=None,
-    ),
-    'RequestInput': _Binding(
-        grpc_service_pb2.ModelInferRequest.InferInputTensor,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('shape', 'shape', 'scalars', None, True, None),
-            _Field('datatype', 'datatype', 'scalar', None, True, None),
-            _Field('parameters', 'parameters', 'params', 'InferInputParameters', False, None),
-            _Field('data', 'contents', 'tensor', None, False, None),
-        ),
-        raw=None,
-    ),
-    'RequestOutput': _Binding(
-        grpc_service_pb2.ModelInferRequest.InferRequestedOutputTensor,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('parameters', 'parameters', 'params', 'InferRequestedOutputParameters', False, None),
-        ),
-        raw=None,
-    ),
-    'InferenceRequest': _Binding(
-        grpc_service_pb2.ModelInferRequest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('id', 'id', 'scalar', None, False, None),
-            _Field('parameters', 'parameters', 'params', 'InferRequestParameters', False, None),
-            _Field('inputs', 'inputs', 'messages', 'RequestInput', True, None),
-            _Field('outputs', 'outputs', 'messages', 'RequestOutput', False, None),
-        ),
-        raw=('inputs', 'raw_input_contents'),
-    ),
-    'ResponseOutput': _Binding(
-        grpc_service_pb2.ModelInferResponse.InferOutputTensor,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('shape', 'shape', 'scalars', None, True, None),
-            _Field('datatype', 'datatype', 'scalar', None, True, None),
-            _Field('parameters', 'parameters', 'params', 'InferOutputParameters', False, None),
-            _Field('data', 'contents', 'tensor', None, False, None),
-        ),
-        raw=None,
-    ),
-    'InferenceResponse': _Binding(
-        grpc_service_pb2.ModelInferResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('model_name', 'model_name', 'scalar', None, True, None),
-            _Field('model_version', 'model_version', 'scalar', None, False, None),
-            _Field('id', 'id', 'scalar', None, False, None),
-            _Field('parameters', 'parameters', 'params', 'Parameters', False, None),
-            _Field('outputs', 'outputs', 'messages', 'ResponseOutput', True, None),
-        ),
-        raw=('outputs', 'raw_output_contents'),
-    ),
-    'RepositoryIndexRequest': _Binding(
-        grpc_service_pb2.RepositoryIndexRequest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('ready', 'ready', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelIndex': _Binding(
-        grpc_service_pb2.RepositoryIndexResponse.ModelIndex,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('version', 'version', 'scalar', None, False, None),
-            _Field('state', 'state', 'scalar', None, True, None),
-            _Field('reason', 'reason', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'RepositoryIndexResponse': _Binding(
-        grpc_service_pb2.RepositoryIndexResponse,
-        unwrap='models',
-        unwrap_kind='messages',
-        item_schema='ModelIndex',
-        fields=(
-        ),
-        raw=None,
-    ),
-    'RepositoryModelLoadRequest': _Binding(
-        grpc_service_pb2.RepositoryModelLoadRequest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('parameters', 'parameters', 'params', 'RepositoryParameters', False, None),
-        ),
-        raw=None,
-    ),
-    'RepositoryModelUnloadRequest': _Binding(
-        grpc_service_pb2.RepositoryModelUnloadRequest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('parameters', 'parameters', 'params', 'RepositoryParameters', False, None),
-        ),
-        raw=None,
-    ),
-    'StatisticDuration': _Binding(
-        grpc_service_pb2.StatisticDuration,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('count', 'count', 'scalar', None, False, None),
-            _Field('ns', 'ns', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'InferStatistics': _Binding(
-        grpc_service_pb2.InferStatistics,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('success', 'success', 'message', 'StatisticDuration', False, None),
-            _Field('fail', 'fail', 'message', 'StatisticDuration', False, None),
-            _Field('queue', 'queue', 'message', 'StatisticDuration', False, None),
-            _Field('compute_input', 'compute_input', 'message', 'StatisticDuration', False, None),
-            _Field('compute_infer', 'compute_infer', 'message', 'StatisticDuration', False, None),
-            _Field('compute_output', 'compute_output', 'message', 'StatisticDuration', False, None),
-            _Field('cache_hit', 'cache_hit', 'message', 'StatisticDuration', False, None),
-            _Field('cache_miss', 'cache_miss', 'message', 'StatisticDuration', False, None),
-        ),
-        raw=None,
-    ),
-    'InferResponseStatistics': _Binding(
-        grpc_service_pb2.InferResponseStatistics,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('compute_infer', 'compute_infer', 'message', 'StatisticDuration', False, None),
-            _Field('compute_output', 'compute_output', 'message', 'StatisticDuration', False, None),
-            _Field('success', 'success', 'message', 'StatisticDuration', False, None),
-            _Field('fail', 'fail', 'message', 'StatisticDuration', False, None),
-            _Field('empty_response', 'empty_response', 'message', 'StatisticDuration', False, None),
-            _Field('cancel', 'cancel', 'message', 'StatisticDuration', False, None),
-        ),
-        raw=None,
-    ),
-    'InferBatchStatistics': _Binding(
-        grpc_service_pb2.InferBatchStatistics,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('batch_size', 'batch_size', 'scalar', None, False, None),
-            _Field('compute_input', 'compute_input', 'message', 'StatisticDuration', False, None),
-            _Field('compute_infer', 'compute_infer', 'message', 'StatisticDuration', False, None),
-            _Field('compute_output', 'compute_output', 'message', 'StatisticDuration', False, None),
-        ),
-        raw=None,
-    ),
-    'MemoryUsage': _Binding(
-        grpc_service_pb2.MemoryUsage,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('type', 'type', 'scalar', None, False, None),
-            _Field('id', 'id', 'scalar', None, False, None),
-            _Field('byte_size', 'byte_size', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelStatistics': _Binding(
-        grpc_service_pb2.ModelStatistics,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('version', 'version', 'scalar', None, False, None),
-            _Field('last_inference', 'last_inference', 'scalar', None, False, None),
-            _Field('inference_count', 'inference_count', 'scalar', None, False, None),
-            _Field('execution_count', 'execution_count', 'scalar', None, False, None),
-            _Field('inference_stats', 'inference_stats', 'message', 'InferStatistics', False, None),
-            _Field('batch_stats', 'batch_stats', 'messages', 'InferBatchStatistics', False, None),
-            _Field('memory_usage', 'memory_usage', 'messages', 'MemoryUsage', False, None),
-            _Field('response_stats', 'response_stats', 'message_map', 'InferResponseStatistics', False, None),
-        ),
-        raw=None,
-    ),
-    'ModelStatisticsResponse': _Binding(
-        grpc_service_pb2.ModelStatisticsResponse,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('model_stats', 'model_stats', 'messages', 'ModelStatistics', True, None),
-        ),
-        raw=None,
-    ),
-    'ModelTensorReshape': _Binding(
-        model_config_pb2.ModelTensorReshape,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('shape', 'shape', 'scalars', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelInput': _Binding(
-        model_config_pb2.ModelInput,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, False, None),
-            _Field('data_type', 'data_type', 'enum', None, False, None),
-            _Field('format', 'format', 'enum', None, False, None),
-            _Field('dims', 'dims', 'scalars', None, False, None),
-            _Field('reshape', 'reshape', 'message', 'ModelTensorReshape', False, None),
-            _Field('is_shape_tensor', 'is_shape_tensor', 'scalar', None, False, None),
-            _Field('allow_ragged_batch', 'allow_ragged_batch', 'scalar', None, False, None),
-            _Field('optional', 'optional', 'scalar', None, False, None),
-            _Field('is_non_linear_format_io', 'is_non_linear_format_io', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelOutput': _Binding(
-        model_config_pb2.ModelOutput,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, False, None),
-            _Field('data_type', 'data_type', 'enum', None, False, None),
-            _Field('dims', 'dims', 'scalars', None, False, None),
-            _Field('label_filename', 'label_filename', 'scalar', None, False, None),
-            _Field('reshape', 'reshape', 'message', 'ModelTensorReshape', False, None),
-            _Field('is_shape_tensor', 'is_shape_tensor', 'scalar', None, False, None),
-            _Field('is_non_linear_format_io', 'is_non_linear_format_io', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelVersionPolicyLatest': _Binding(
-        model_config_pb2.ModelVersionPolicy.Latest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('num_versions', 'num_versions', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelVersionPolicyAll': _Binding(
-        model_config_pb2.ModelVersionPolicy.All,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-        ),
-        raw=None,
-    ),
-    'ModelVersionPolicySpecific': _Binding(
-        model_config_pb2.ModelVersionPolicy.Specific,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('versions', 'versions', 'scalars', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelVersionPolicy': _Binding(
-        model_config_pb2.ModelVersionPolicy,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('latest', 'latest', 'message', 'ModelVersionPolicyLatest', False, 'policy_choice'),
-            _Field('all', 'all', 'message', 'ModelVersionPolicyAll', False, 'policy_choice'),
-            _Field('specific', 'specific', 'message', 'ModelVersionPolicySpecific', False, 'policy_choice'),
-        ),
-        raw=None,
-    ),
-    'ModelInstanceGroup': _Binding(
-        model_config_pb2.ModelInstanceGroup,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, False, None),
-            _Field('kind', 'kind', 'enum', None, False, None),
-            _Field('count', 'count', 'scalar', None, False, None),
-            _Field('gpus', 'gpus', 'scalars', None, False, None),
-            _Field('profile', 'profile', 'scalars', None, False, None),
-            _Field('passive', 'passive', 'scalar', None, False, None),
-            _Field('host_policy', 'host_policy', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelQueuePolicy': _Binding(
-        model_config_pb2.ModelQueuePolicy,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('timeout_action', 'timeout_action', 'enum', None, False, None),
-            _Field('default_timeout_microseconds', 'default_timeout_microseconds', 'scalar', None, False, None),
-            _Field('allow_timeout_override', 'allow_timeout_override', 'scalar', None, False, None),
-            _Field('max_queue_size', 'max_queue_size', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelDynamicBatching': _Binding(
-        model_config_pb2.ModelDynamicBatching,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('preferred_batch_size', 'preferred_batch_size', 'scalars', None, False, None),
-            _Field('max_queue_delay_microseconds', 'max_queue_delay_microseconds', 'scalar', None, False, None),
-            _Field('preserve_ordering', 'preserve_ordering', 'scalar', None, False, None),
-            _Field('priority_levels', 'priority_levels', 'scalar', None, False, None),
-            _Field('default_priority_level', 'default_priority_level', 'scalar', None, False, None),
-            _Field('default_queue_policy', 'default_queue_policy', 'message', 'ModelQueuePolicy', False, None),
-            _Field('priority_queue_policy', 'priority_queue_policy', 'message_map', 'ModelQueuePolicy', False, None),
-        ),
-        raw=None,
-    ),
-    'ModelSequenceBatchingControl': _Binding(
-        model_config_pb2.ModelSequenceBatching.Control,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('kind', 'kind', 'enum', None, False, None),
-            _Field('int32_false_true', 'int32_false_true', 'scalars', None, False, None),
-            _Field('fp32_false_true', 'fp32_false_true', 'scalars', None, False, None),
-            _Field('bool_false_true', 'bool_false_true', 'scalars', None, False, None),
-            _Field('data_type', 'data_type', 'enum', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelSequenceBatchingControlInput': _Binding(
-        model_config_pb2.ModelSequenceBatching.ControlInput,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, False, None),
-            _Field('control', 'control', 'messages', 'ModelSequenceBatchingControl', False, None),
-        ),
-        raw=None,
-    ),
-    'ModelSequenceBatchingStrategyDirect': _Binding(
-        model_config_pb2.ModelSequenceBatching.StrategyDirect,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('max_queue_delay_microseconds', 'max_queue_delay_microseconds', 'scalar', None, False, None),
-            _Field('minimum_slot_utilization', 'minimum_slot_utilization', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelSequenceBatchingStrategyOldest': _Binding(
-        model_config_pb2.ModelSequenceBatching.StrategyOldest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('max_candidate_sequences', 'max_candidate_sequences', 'scalar', None, False, None),
-            _Field('preferred_batch_size', 'preferred_batch_size', 'scalars', None, False, None),
-            _Field('max_queue_delay_microseconds', 'max_queue_delay_microseconds', 'scalar', None, False, None),
-            _Field('preserve_ordering', 'preserve_ordering', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelSequenceBatching': _Binding(
-        model_config_pb2.ModelSequenceBatching,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('max_sequence_idle_microseconds', 'max_sequence_idle_microseconds', 'scalar', None, False, None),
-            _Field('control_input', 'control_input', 'messages', 'ModelSequenceBatchingControlInput', False, None),
-            _Field('direct', 'direct', 'message', 'ModelSequenceBatchingStrategyDirect', False, 'strategy_choice'),
-            _Field('oldest', 'oldest', 'message', 'ModelSequenceBatchingStrategyOldest', False, 'strategy_choice'),
-            _Field('iterative_sequence', 'iterative_sequence', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelParameter': _Binding(
-        model_config_pb2.ModelParameter,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('string_value', 'string_value', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelTransactionPolicy': _Binding(
-        model_config_pb2.ModelTransactionPolicy,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('decoupled', 'decoupled', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelResponseCache': _Binding(
-        model_config_pb2.ModelResponseCache,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('enable', 'enable', 'scalar', None, False, None),
-        ),
-        raw=None,
-    ),
-    'ModelConfig': _Binding(
-        model_config_pb2.ModelConfig,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, False, None),
-            _Field('platform', 'platform', 'scalar', None, False, None),
-            _Field('backend', 'backend', 'scalar', None, False, None),
-            _Field('runtime', 'runtime', 'scalar', None, False, None),
-            _Field('version_policy', 'version_policy', 'message', 'ModelVersionPolicy', False, None),
-            _Field('max_batch_size', 'max_batch_size', 'scalar', None, False, None),
-            _Field('input', 'input', 'messages', 'ModelInput', False, None),
-            _Field('output', 'output', 'messages', 'ModelOutput', False, None),
-            _Field('instance_group', 'instance_group', 'messages', 'ModelInstanceGroup', False, None),
-            _Field('default_model_filename', 'default_model_filename', 'scalar', None, False, None),
-            _Field('cc_model_filenames', 'cc_model_filenames', 'scalar_map', None, False, None),
-            _Field('metric_tags', 'metric_tags', 'scalar_map', None, False, None),
-            _Field('dynamic_batching', 'dynamic_batching', 'message', 'ModelDynamicBatching', False, 'scheduling_choice'),
-            _Field('sequence_batching', 'sequence_batching', 'message', 'ModelSequenceBatching', False, 'scheduling_choice'),
-            _Field('parameters', 'parameters', 'message_map', 'ModelParameter', False, None),
-            _Field('model_transaction_policy', 'model_transaction_policy', 'message', 'ModelTransactionPolicy', False, None),
-            _Field('response_cache', 'response_cache', 'message', 'ModelResponseCache', False, None),
-        ),
-        raw=None,
-    ),
-    'ModelConfigResponse': _Binding(
-        grpc_service_pb2.ModelConfigResponse,
-        unwrap='config',
-        unwrap_kind='message',
-        item_schema='ModelConfig',
-        fields=(
-        ),
-        raw=None,
-    ),
-    'SystemSharedMemoryRegionStatus': _Binding(
-        grpc_service_pb2.SystemSharedMemoryStatusResponse.RegionStatus,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('key', 'key', 'scalar', None, True, None),
-            _Field('offset', 'offset', 'scalar', None, True, None),
-            _Field('byte_size', 'byte_size', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
-    'SystemSharedMemoryStatusResponse': _Binding(
-        grpc_service_pb2.SystemSharedMemoryStatusResponse,
-        unwrap='regions',
-        unwrap_kind='message_map',
-        item_schema='SystemSharedMemoryRegionStatus',
-        fields=(
-        ),
-        raw=None,
-    ),
-    'SystemSharedMemoryRegisterRequest': _Binding(
-        grpc_service_pb2.SystemSharedMemoryRegisterRequest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('key', 'key', 'scalar', None, True, None),
-            _Field('offset', 'offset', 'scalar', None, False, None),
-            _Field('byte_size', 'byte_size', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
-    'CudaSharedMemoryRegionStatus': _Binding(
-        grpc_service_pb2.CudaSharedMemoryStatusResponse.RegionStatus,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('name', 'name', 'scalar', None, True, None),
-            _Field('device_id', 'device_id', 'scalar', None, True, None),
-            _Field('byte_size', 'byte_size', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
-    'CudaSharedMemoryStatusResponse': _Binding(
-        grpc_service_pb2.CudaSharedMemoryStatusResponse,
-        unwrap='regions',
-        unwrap_kind='message_map',
-        item_schema='CudaSharedMemoryRegionStatus',
-        fields=(
-        ),
-        raw=None,
-    ),
-    'CudaSharedMemoryRegisterRequest': _Binding(
-        grpc_service_pb2.CudaSharedMemoryRegisterRequest,
-        unwrap=None,
-        unwrap_kind=None,
-        item_schema=None,
-        fields=(
-            _Field('raw_handle', 'raw_handle', 'bytes', None, True, None),
-            _Field('device_id', 'device_id', 'scalar', None, True, None),
-            _Field('byte_size', 'byte_size', 'scalar', None, True, None),
-        ),
-        raw=None,
-    ),
+# The protobuf message of each schema; the field-by-field plan is `bodies.BINDINGS`.
+MESSAGES: dict[str, type[Message]] = {
+    'ServerLiveResponse': grpc_service_pb2.ServerLiveResponse,
+    'ServerReadyResponse': grpc_service_pb2.ServerReadyResponse,
+    'ModelReadyResponse': grpc_service_pb2.ModelReadyResponse,
+    'MetadataServerResponse': grpc_service_pb2.ServerMetadataResponse,
+    'MetadataTensor': grpc_service_pb2.ModelMetadataResponse.TensorMetadata,
+    'MetadataModelResponse': grpc_service_pb2.ModelMetadataResponse,
+    'RequestInput': grpc_service_pb2.ModelInferRequest.InferInputTensor,
+    'RequestOutput': grpc_service_pb2.ModelInferRequest.InferRequestedOutputTensor,
+    'InferenceRequest': grpc_service_pb2.ModelInferRequest,
+    'ResponseOutput': grpc_service_pb2.ModelInferResponse.InferOutputTensor,
+    'InferenceResponse': grpc_service_pb2.ModelInferResponse,
+    'RepositoryIndexRequest': grpc_service_pb2.RepositoryIndexRequest,
+    'ModelIndex': grpc_service_pb2.RepositoryIndexResponse.ModelIndex,
+    'RepositoryIndexResponse': grpc_service_pb2.RepositoryIndexResponse,
+    'RepositoryModelLoadRequest': grpc_service_pb2.RepositoryModelLoadRequest,
+    'RepositoryModelUnloadRequest': grpc_service_pb2.RepositoryModelUnloadRequest,
+    'StatisticDuration': grpc_service_pb2.StatisticDuration,
+    'InferStatistics': grpc_service_pb2.InferStatistics,
+    'InferResponseStatistics': grpc_service_pb2.InferResponseStatistics,
+    'InferBatchStatistics': grpc_service_pb2.InferBatchStatistics,
+    'MemoryUsage': grpc_service_pb2.MemoryUsage,
+    'ModelStatistics': grpc_service_pb2.ModelStatistics,
+    'ModelStatisticsResponse': grpc_service_pb2.ModelStatisticsResponse,
+    'ModelTensorReshape': model_config_pb2.ModelTensorReshape,
+    'ModelInput': model_config_pb2.ModelInput,
+    'ModelOutput': model_config_pb2.ModelOutput,
+    'ModelVersionPolicyLatest': model_config_pb2.ModelVersionPolicy.Latest,
+    'ModelVersionPolicyAll': model_config_pb2.ModelVersionPolicy.All,
+    'ModelVersionPolicySpecific': model_config_pb2.ModelVersionPolicy.Specific,
+    'ModelVersionPolicy': model_config_pb2.ModelVersionPolicy,
+    'ModelInstanceGroup': model_config_pb2.ModelInstanceGroup,
+    'ModelQueuePolicy': model_config_pb2.ModelQueuePolicy,
+    'ModelDynamicBatching': model_config_pb2.ModelDynamicBatching,
+    'ModelSequenceBatchingControl': model_config_pb2.ModelSequenceBatching.Control,
+    'ModelSequenceBatchingControlInput': model_config_pb2.ModelSequenceBatching.ControlInput,
+    'ModelSequenceBatchingStrategyDirect': model_config_pb2.ModelSequenceBatching.StrategyDirect,
+    'ModelSequenceBatchingStrategyOldest': model_config_pb2.ModelSequenceBatching.StrategyOldest,
+    'ModelSequenceBatching': model_config_pb2.ModelSequenceBatching,
+    'ModelParameter': model_config_pb2.ModelParameter,
+    'ModelTransactionPolicy': model_config_pb2.ModelTransactionPolicy,
+    'ModelResponseCache': model_config_pb2.ModelResponseCache,
+    'ModelConfig': model_config_pb2.ModelConfig,
+    'ModelConfigResponse': grpc_service_pb2.ModelConfigResponse,
+    'SystemSharedMemoryRegionStatus': grpc_service_pb2.SystemSharedMemoryStatusResponse.RegionStatus,
+    'SystemSharedMemoryStatusResponse': grpc_service_pb2.SystemSharedMemoryStatusResponse,
+    'SystemSharedMemoryRegisterRequest': grpc_service_pb2.SystemSharedMemoryRegisterRequest,
+    'CudaSharedMemoryRegionStatus': grpc_service_pb2.CudaSharedMemoryStatusResponse.RegionStatus,
+    'CudaSharedMemoryStatusResponse': grpc_service_pb2.CudaSharedMemoryStatusResponse,
+    'CudaSharedMemoryRegisterRequest': grpc_service_pb2.CudaSharedMemoryRegisterRequest,
 }
 
 # The request of every operation with a REST form: its message, and the schema of its JSON body (None: the path
@@ -722,7 +123,7 @@ def rest_to_proto(
     tensor data goes into the message's `raw_*_contents` instead of typed `contents`.
     """
     b = BINDINGS[schema]
-    msg = b.message()
+    msg = MESSAGES[schema]()
     if b.unwrap is not None:
         _fill_unwrapped(b, body, msg, raw)
     else:
@@ -754,7 +155,7 @@ def request_to_proto(
     return msg
 
 
-def _fill_unwrapped(b: _Binding, body: Any, msg: Message, raw: bool) -> None:
+def _fill_unwrapped(b: Binding, body: Any, msg: Message, raw: bool) -> None:
     item = BINDINGS[b.item_schema or ""]
     target = getattr(msg, b.unwrap or "")
     if b.unwrap_kind == "message":
@@ -768,7 +169,7 @@ def _fill_unwrapped(b: _Binding, body: Any, msg: Message, raw: bool) -> None:
             _fill(item, entry, target[entry["name"]], raw, None)
 
 
-def _fill(b: _Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out: MutableSequence[bytes] | None) -> None:
+def _fill(b: Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out: MutableSequence[bytes] | None) -> None:
     for f in b.fields:
         value = body.get(f.prop)
         if value is None:
@@ -802,7 +203,7 @@ def _fill(b: _Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out
         elif kind == "scalar_map":
             getattr(msg, f.field).update(value)
         elif kind == "params":
-            _fill_params(_PARAMS[_PARAM_SCHEMAS[f.schema or ""]], value, getattr(msg, f.field))
+            _fill_params(PARAMS[PARAM_SCHEMAS[f.schema or ""]], value, getattr(msg, f.field))
         elif kind == "tensor":
             name = str(body.get("name", ""))
             try:
@@ -819,17 +220,17 @@ def _fill(b: _Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out
 def params_to_proto(message: str, params: Mapping[str, Any], target: Any) -> None:
     """Fill `target`, a protobuf map of `message` values (a parameters map such as `map<string, InferParameter>`),
     from JSON scalars; ConvertError names a value that has no form there."""
-    _fill_params(_PARAMS[message], params, target)
+    _fill_params(PARAMS[message], params, target)
 
 
 def params_from_proto(message: str, entries: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON scalars of a protobuf map of `message` values; entries with no case set are left out."""
-    cases = _PARAMS[message]
+    cases = PARAMS[message]
     out = {key: _param_value(cases, entries[key]) for key in entries}
     return {key: value for key, value in out.items() if value is not None}
 
 
-def _fill_params(cases: _ParamCases, params: Mapping[str, Any], target: Any) -> None:
+def _fill_params(cases: ParamCases, params: Mapping[str, Any], target: Any) -> None:
     for key, value in params.items():
         if value is None:
             continue
@@ -901,7 +302,7 @@ def proto_to_rest(schema: str, message: Message, **rest_only: Any) -> Any:
     return out
 
 
-def _read(b: _Binding, msg: Any, raw_in: list[bytes] | None) -> dict[str, Any]:
+def _read(b: Binding, msg: Any, raw_in: list[bytes] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in b.fields:
         kind = f.kind
@@ -948,7 +349,7 @@ def _read(b: _Binding, msg: Any, raw_in: list[bytes] | None) -> dict[str, Any]:
         elif kind == "params":
             entries = getattr(msg, f.field)
             if entries or f.required:
-                cases = _PARAMS[_PARAM_SCHEMAS[f.schema or ""]]
+                cases = PARAMS[PARAM_SCHEMAS[f.schema or ""]]
                 out[f.prop] = {key: _param_value(cases, entries[key]) for key in sorted(entries)}
         elif kind == "tensor":
             data = _read_tensor(msg, f.field, raw_in)
@@ -957,7 +358,7 @@ def _read(b: _Binding, msg: Any, raw_in: list[bytes] | None) -> dict[str, Any]:
     return out
 
 
-def _param_value(cases: _ParamCases, entry: Any) -> Any:
+def _param_value(cases: ParamCases, entry: Any) -> Any:
     which = entry.WhichOneof(cases.oneof)
     if which is None:
         return None

@@ -26,7 +26,7 @@ class Endpoint:
     path: str
     params: tuple[tuple[str, str], ...]  # (path variable, request field it fills)
     request: type[Message]  # the operation's protobuf request
-    body: str | None  # the request body's schema (convert.BINDINGS), None: no body
+    body: str | None  # the request body's schema (bodies.BINDINGS), None: no body
     body_required: bool
     response: str | None  # the 200 body's schema, None: an empty body
     rest_only: tuple[str, ...]  # response properties that only REST has, filled from the path field of that name
