@@ -1,7 +1,7 @@
 """oipgen installed from its wheel, used in an empty project folder as a new user would: the standard spec and the
 templates ship inside the distribution, so `oipgen build` and `oipgen scaffold model` need no checkout of oipgen,
 and `oipgen spec export` hands out the spec to own. The venv holding oipgen's requirements is cached
-(tests/venvs.py); the wheel is built and reinstalled on each run. Cold: about a minute; warm: about 20 s.
+(tests/venvs.py); the wheel is built and reinstalled on each run (timings: see test_dist.py).
 """
 
 from __future__ import annotations
