@@ -35,9 +35,9 @@ from ._shared import (
     b64,
     body,
     event_answer,
-    from_rest,
     given,
     merge,
+    read_answer,
     validated,
     validated_list,
 )
@@ -253,7 +253,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ServerLiveResponse', _health(response, 'live', path_values), path_values)
+        answer = read_answer('ServerLiveResponse', _health(response, 'live', path_values), path_values)
         return validated(models.ServerLiveResponse, answer)
 
     def server_ready(
@@ -267,7 +267,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ServerReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ServerReadyResponse', _health(response, 'ready', path_values), path_values)
         return validated(models.ServerReadyResponse, answer)
 
     def model_ready(
@@ -286,7 +286,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {'name': model}
-        answer = from_rest('ModelReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ModelReadyResponse', _health(response, 'ready', path_values), path_values)
         return validated(models.ModelReadyResponse, answer)
 
     def server_metadata(
@@ -300,7 +300,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('MetadataServerResponse', _load(response), path_values)
+        answer = read_answer('MetadataServerResponse', _load(response), path_values)
         return validated(models.MetadataServerResponse, answer)
 
     def model_metadata(
@@ -319,7 +319,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('MetadataModelResponse', _load(response), path_values)
+        answer = read_answer('MetadataModelResponse', _load(response), path_values)
         return validated(models.MetadataModelResponse, answer)
 
     def infer(
@@ -391,7 +391,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ModelConfigResponse', _load(response), path_values)
+        answer = read_answer('ModelConfigResponse', _load(response), path_values)
         return validated(models.ModelConfigResponse, answer)
 
     def model_statistics(
@@ -417,7 +417,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ModelStatisticsResponse', _load(response), path_values)
+        answer = read_answer('ModelStatisticsResponse', _load(response), path_values)
         return validated(models.ModelStatisticsResponse, answer)
 
     def repository_index(
@@ -433,7 +433,7 @@ class RestClient(_RestBase):
         content: bytes | None = _json(payload)
         response = self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('RepositoryIndexResponse', _load(response), path_values)
+        answer = read_answer('RepositoryIndexResponse', _load(response), path_values)
         return validated_list(_RepositoryIndexResponse, answer)
 
     def repository_model_load(
@@ -481,7 +481,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('SystemSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('SystemSharedMemoryStatusResponse', _load(response), path_values)
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     def system_shared_memory_register(
@@ -536,7 +536,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('CudaSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('CudaSharedMemoryStatusResponse', _load(response), path_values)
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     def cuda_shared_memory_register(
@@ -746,7 +746,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ServerLiveResponse', _health(response, 'live', path_values), path_values)
+        answer = read_answer('ServerLiveResponse', _health(response, 'live', path_values), path_values)
         return validated(models.ServerLiveResponse, answer)
 
     async def server_ready(
@@ -760,7 +760,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ServerReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ServerReadyResponse', _health(response, 'ready', path_values), path_values)
         return validated(models.ServerReadyResponse, answer)
 
     async def model_ready(
@@ -779,7 +779,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {'name': model}
-        answer = from_rest('ModelReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ModelReadyResponse', _health(response, 'ready', path_values), path_values)
         return validated(models.ModelReadyResponse, answer)
 
     async def server_metadata(
@@ -793,7 +793,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('MetadataServerResponse', _load(response), path_values)
+        answer = read_answer('MetadataServerResponse', _load(response), path_values)
         return validated(models.MetadataServerResponse, answer)
 
     async def model_metadata(
@@ -812,7 +812,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('MetadataModelResponse', _load(response), path_values)
+        answer = read_answer('MetadataModelResponse', _load(response), path_values)
         return validated(models.MetadataModelResponse, answer)
 
     async def infer(
@@ -884,7 +884,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ModelConfigResponse', _load(response), path_values)
+        answer = read_answer('ModelConfigResponse', _load(response), path_values)
         return validated(models.ModelConfigResponse, answer)
 
     async def model_statistics(
@@ -910,7 +910,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('ModelStatisticsResponse', _load(response), path_values)
+        answer = read_answer('ModelStatisticsResponse', _load(response), path_values)
         return validated(models.ModelStatisticsResponse, answer)
 
     async def repository_index(
@@ -926,7 +926,7 @@ class AsyncRestClient(_RestBase):
         content: bytes | None = _json(payload)
         response = await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('RepositoryIndexResponse', _load(response), path_values)
+        answer = read_answer('RepositoryIndexResponse', _load(response), path_values)
         return validated_list(_RepositoryIndexResponse, answer)
 
     async def repository_model_load(
@@ -974,7 +974,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('SystemSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('SystemSharedMemoryStatusResponse', _load(response), path_values)
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     async def system_shared_memory_register(
@@ -1029,7 +1029,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = from_rest('CudaSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('CudaSharedMemoryStatusResponse', _load(response), path_values)
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     async def cuda_shared_memory_register(
