@@ -22,6 +22,9 @@ def _cases(api: Api) -> list[tuple[str, str, Any]]:
     for example in api.examples:
         if not example.rest or example.rest.get("status") != 200:
             continue
+        rpcs = {op.rpc.name for op in api.operations}
+        if example.operation not in rpcs:  # an operation only REST has: its bodies are no message's
+            continue
         for endpoint in api.operation(example.operation).rest:
             for schema, body in ((endpoint.body, example.rest.get("body")), (endpoint.response,
                                                                             example.rest.get("response"))):
