@@ -11,11 +11,9 @@ from collections.abc import Mapping
 from typing import Any, TypeAlias, TypeVar
 
 import orjson
-from google.protobuf.message import Message
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .. import convert
-from ..grpc.wire import with_defaults
+from .. import bodies
 from .errors import InvalidArgument, ResponseError, ServerError
 
 Headers: TypeAlias = Mapping[str, str]
@@ -73,37 +71,15 @@ def validated_list(adapter: TypeAdapter[list[_B]], body: Any) -> list[_B]:
         raise ResponseError(f"the server's answer is not valid: {exc}") from None
 
 
-def complete(schema: str, message: Message, rest_only: Mapping[str, Any]) -> Any:
-    """The REST body of `schema` for the reply `message`, every field present: the converter's form completed
-    with the fields it leaves out at their default (as Triton writes REST statistics and configurations), so
-    that an answer reads the same whichever transport and server gave it."""
+def read_answer(schema: str, body: Any, rest_only: Mapping[str, Any]) -> Any:
+    """The answer `body` of `schema` (a REST body, or the converter's form of a gRPC reply) checked against its
+    schema, with the fields it leaves out at their default (as Triton writes REST statistics and
+    configurations), so that an answer reads the same whichever transport and server gave it; REST-only
+    properties keep the answer's value when it has one, else the value in `rest_only`."""
     try:
-        out = convert.proto_to_rest(schema, message, **rest_only)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ResponseError(f"the server's answer does not convert to {schema}: {exc}") from None
-    binding = convert.BINDINGS[schema]
-    if binding.unwrap is None:
-        with_defaults(out, message)
-    else:
-        source = getattr(message, binding.unwrap)
-        if binding.unwrap_kind == "message_map":  # REST lists the map's values in key order
-            with_defaults(out, [source[key] for key in sorted(source)])
-        else:
-            with_defaults(out, source)
-    return out
-
-
-def from_rest(schema: str, body: Any, rest_only: Mapping[str, Any]) -> Any:
-    """A REST answer of `schema`, read through its protobuf message like a gRPC answer (see `complete`).
-
-    REST-only properties keep the answer's value when it has one, else the value in `rest_only`."""
-    try:
-        message = convert.rest_to_proto(schema, body)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return bodies.read(schema, body, rest_only)
+    except ValueError as exc:
         raise ResponseError(f"the server's answer is not a valid {schema}: {exc}") from None
-    if isinstance(body, Mapping):
-        rest_only = {key: body.get(key, value) for key, value in rest_only.items()}
-    return complete(schema, message, rest_only)
 
 
 class EventReader:

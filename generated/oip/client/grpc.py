@@ -35,7 +35,7 @@ from pydantic import TypeAdapter
 from .. import convert, models
 from ..grpc import grpc_service_pb2 as pb_grpc_service
 from ..grpc import grpc_service_pb2_grpc, wire
-from ._shared import Headers, b64, body, complete, merge, validated, validated_list
+from ._shared import Headers, b64, body, merge, read_answer, validated, validated_list
 from .errors import InvalidArgument, OipClientError, ResponseError, Unimplemented, from_grpc
 from .propagation import with_trace_context
 from .tensors import (
@@ -147,6 +147,15 @@ class _GrpcBase:
 
 
 # --- inference messages ---------------------------------------------------------------------------------------
+
+
+def _answer(schema: str, reply: Any, rest_only: Mapping[str, Any]) -> Any:
+    """The REST body of `schema` for the reply `reply`, read as a REST answer is (`_shared.read_answer`)."""
+    try:
+        converted = convert.proto_to_rest(schema, reply, **rest_only)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ResponseError(f"the server's answer does not convert to {schema}: {exc}") from None
+    return read_answer(schema, converted, rest_only)
 
 
 def _set_params(target: MutableMapping[str, Any], params: Parameters, where: str) -> None:
@@ -387,7 +396,7 @@ class GrpcClient(_GrpcBase):
         """Liveness: whether the server process can take requests at all."""
         request = pb_grpc_service.ServerLiveRequest()
         reply = self._call(self._stub.ServerLive, request, headers, timeout)
-        answer = complete('ServerLiveResponse', reply, {})
+        answer = _answer('ServerLiveResponse', reply, {})
         return validated(models.ServerLiveResponse, answer)
 
     def server_ready(
@@ -399,7 +408,7 @@ class GrpcClient(_GrpcBase):
         """Readiness: whether the server is ready to run inference."""
         request = pb_grpc_service.ServerReadyRequest()
         reply = self._call(self._stub.ServerReady, request, headers, timeout)
-        answer = complete('ServerReadyResponse', reply, {})
+        answer = _answer('ServerReadyResponse', reply, {})
         return validated(models.ServerReadyResponse, answer)
 
     def model_ready(
@@ -413,7 +422,7 @@ class GrpcClient(_GrpcBase):
         """Readiness of one model (and optionally one version of it)."""
         request = pb_grpc_service.ModelReadyRequest(name=model, version=version)
         reply = self._call(self._stub.ModelReady, request, headers, timeout)
-        answer = complete('ModelReadyResponse', reply, {'name': model})
+        answer = _answer('ModelReadyResponse', reply, {'name': model})
         return validated(models.ModelReadyResponse, answer)
 
     def server_metadata(
@@ -425,7 +434,7 @@ class GrpcClient(_GrpcBase):
         """Name, version and enabled extensions of the server."""
         request = pb_grpc_service.ServerMetadataRequest()
         reply = self._call(self._stub.ServerMetadata, request, headers, timeout)
-        answer = complete('MetadataServerResponse', reply, {})
+        answer = _answer('MetadataServerResponse', reply, {})
         return validated(models.MetadataServerResponse, answer)
 
     def model_metadata(
@@ -439,7 +448,7 @@ class GrpcClient(_GrpcBase):
         """Tensors, versions and platform of one model."""
         request = pb_grpc_service.ModelMetadataRequest(name=model, version=version)
         reply = self._call(self._stub.ModelMetadata, request, headers, timeout)
-        answer = complete('MetadataModelResponse', reply, {})
+        answer = _answer('MetadataModelResponse', reply, {})
         return validated(models.MetadataModelResponse, answer)
 
     def infer(
@@ -525,7 +534,7 @@ class GrpcClient(_GrpcBase):
         """Configuration of one model (model configuration extension)."""
         request = pb_grpc_service.ModelConfigRequest(name=model, version=version)
         reply = self._call(self._stub.ModelConfig, request, headers, timeout)
-        answer = complete('ModelConfigResponse', reply, {})
+        answer = _answer('ModelConfigResponse', reply, {})
         return validated(models.ModelConfigResponse, answer)
 
     def model_statistics(
@@ -539,7 +548,7 @@ class GrpcClient(_GrpcBase):
         """Cumulative inference statistics (statistics extension)."""
         request = pb_grpc_service.ModelStatisticsRequest(name=model, version=version)
         reply = self._call(self._stub.ModelStatistics, request, headers, timeout)
-        answer = complete('ModelStatisticsResponse', reply, {})
+        answer = _answer('ModelStatisticsResponse', reply, {})
         return validated(models.ModelStatisticsResponse, answer)
 
     def repository_index(
@@ -553,7 +562,7 @@ class GrpcClient(_GrpcBase):
         payload = body(models.RepositoryIndexRequest, {'ready': ready})
         request = convert.repository_index_request_to_proto(payload)
         reply = self._call(self._stub.RepositoryIndex, request, headers, timeout)
-        answer = complete('RepositoryIndexResponse', reply, {})
+        answer = _answer('RepositoryIndexResponse', reply, {})
         return validated_list(_RepositoryIndexResponse, answer)
 
     def repository_model_load(
@@ -592,7 +601,7 @@ class GrpcClient(_GrpcBase):
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
         request = pb_grpc_service.SystemSharedMemoryStatusRequest(name=region)
         reply = self._call(self._stub.SystemSharedMemoryStatus, request, headers, timeout)
-        answer = complete('SystemSharedMemoryStatusResponse', reply, {})
+        answer = _answer('SystemSharedMemoryStatusResponse', reply, {})
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     def system_shared_memory_register(
@@ -635,7 +644,7 @@ class GrpcClient(_GrpcBase):
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
         request = pb_grpc_service.CudaSharedMemoryStatusRequest(name=region)
         reply = self._call(self._stub.CudaSharedMemoryStatus, request, headers, timeout)
-        answer = complete('CudaSharedMemoryStatusResponse', reply, {})
+        answer = _answer('CudaSharedMemoryStatusResponse', reply, {})
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     def cuda_shared_memory_register(
@@ -789,7 +798,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Liveness: whether the server process can take requests at all."""
         request = pb_grpc_service.ServerLiveRequest()
         reply = await self._call(self._stub.ServerLive, request, headers, timeout)
-        answer = complete('ServerLiveResponse', reply, {})
+        answer = _answer('ServerLiveResponse', reply, {})
         return validated(models.ServerLiveResponse, answer)
 
     async def server_ready(
@@ -801,7 +810,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Readiness: whether the server is ready to run inference."""
         request = pb_grpc_service.ServerReadyRequest()
         reply = await self._call(self._stub.ServerReady, request, headers, timeout)
-        answer = complete('ServerReadyResponse', reply, {})
+        answer = _answer('ServerReadyResponse', reply, {})
         return validated(models.ServerReadyResponse, answer)
 
     async def model_ready(
@@ -815,7 +824,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Readiness of one model (and optionally one version of it)."""
         request = pb_grpc_service.ModelReadyRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelReady, request, headers, timeout)
-        answer = complete('ModelReadyResponse', reply, {'name': model})
+        answer = _answer('ModelReadyResponse', reply, {'name': model})
         return validated(models.ModelReadyResponse, answer)
 
     async def server_metadata(
@@ -827,7 +836,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Name, version and enabled extensions of the server."""
         request = pb_grpc_service.ServerMetadataRequest()
         reply = await self._call(self._stub.ServerMetadata, request, headers, timeout)
-        answer = complete('MetadataServerResponse', reply, {})
+        answer = _answer('MetadataServerResponse', reply, {})
         return validated(models.MetadataServerResponse, answer)
 
     async def model_metadata(
@@ -841,7 +850,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Tensors, versions and platform of one model."""
         request = pb_grpc_service.ModelMetadataRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelMetadata, request, headers, timeout)
-        answer = complete('MetadataModelResponse', reply, {})
+        answer = _answer('MetadataModelResponse', reply, {})
         return validated(models.MetadataModelResponse, answer)
 
     async def infer(
@@ -938,7 +947,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Configuration of one model (model configuration extension)."""
         request = pb_grpc_service.ModelConfigRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelConfig, request, headers, timeout)
-        answer = complete('ModelConfigResponse', reply, {})
+        answer = _answer('ModelConfigResponse', reply, {})
         return validated(models.ModelConfigResponse, answer)
 
     async def model_statistics(
@@ -952,7 +961,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Cumulative inference statistics (statistics extension)."""
         request = pb_grpc_service.ModelStatisticsRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelStatistics, request, headers, timeout)
-        answer = complete('ModelStatisticsResponse', reply, {})
+        answer = _answer('ModelStatisticsResponse', reply, {})
         return validated(models.ModelStatisticsResponse, answer)
 
     async def repository_index(
@@ -966,7 +975,7 @@ class AsyncGrpcClient(_GrpcBase):
         payload = body(models.RepositoryIndexRequest, {'ready': ready})
         request = convert.repository_index_request_to_proto(payload)
         reply = await self._call(self._stub.RepositoryIndex, request, headers, timeout)
-        answer = complete('RepositoryIndexResponse', reply, {})
+        answer = _answer('RepositoryIndexResponse', reply, {})
         return validated_list(_RepositoryIndexResponse, answer)
 
     async def repository_model_load(
@@ -1005,7 +1014,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
         request = pb_grpc_service.SystemSharedMemoryStatusRequest(name=region)
         reply = await self._call(self._stub.SystemSharedMemoryStatus, request, headers, timeout)
-        answer = complete('SystemSharedMemoryStatusResponse', reply, {})
+        answer = _answer('SystemSharedMemoryStatusResponse', reply, {})
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     async def system_shared_memory_register(
@@ -1048,7 +1057,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
         request = pb_grpc_service.CudaSharedMemoryStatusRequest(name=region)
         reply = await self._call(self._stub.CudaSharedMemoryStatus, request, headers, timeout)
-        answer = complete('CudaSharedMemoryStatusResponse', reply, {})
+        answer = _answer('CudaSharedMemoryStatusResponse', reply, {})
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     async def cuda_shared_memory_register(

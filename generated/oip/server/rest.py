@@ -50,8 +50,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .. import codec, convert, datatypes, extensions, framing
-from ..grpc import wire
+from .. import bodies, codec, convert, datatypes, extensions, framing
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
@@ -385,8 +384,7 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
                 endpoint.response, reply, **{p: fields[p] for p in endpoint.rest_only if p in fields}
             )
             if endpoint.print_defaults:
-                unwrap = convert.BINDINGS[endpoint.response].unwrap
-                wire.with_defaults(out, getattr(reply, unwrap) if unwrap else reply)
+                bodies.complete(endpoint.response, out)
             healthy = endpoint.health is None or bool(getattr(reply, endpoint.health))
             return _json(out, 200 if healthy else settings.not_ready_status)
         except Exception as exc:
