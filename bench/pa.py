@@ -38,6 +38,9 @@ NOT_APPLICABLE = {
 ARGS: dict[str, list[str]] = {
     "simple_rest": ["-i", "http", "-m", "simple", "--input-tensor-format", "json", "--output-tensor-format", "json"],
     "simple_grpc": ["-i", "grpc", "-m", "simple"],
+    # the same in system shared memory (inputs and outputs): the server maps the regions perf_analyzer registers
+    "simple_rest_shm": ["-i", "http", "-m", "simple", "--shared-memory", "system"],
+    "simple_grpc_shm": ["-i", "grpc", "-m", "simple", "--shared-memory", "system"],
     "identity_rest_json": [
         "-i",
         "http",

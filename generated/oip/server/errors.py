@@ -31,6 +31,7 @@ class ErrorKind(enum.Enum):
     TOO_LARGE = "too_large"
     ALREADY_EXISTS = "already_exists"
     CANCELLED = "cancelled"
+    EXHAUSTED = "exhausted"  # a server-wide limit is reached (shared memory regions, mapped bytes)
 
 
 HTTP_STATUS: dict[ErrorKind, int] = {
@@ -42,6 +43,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.ALREADY_EXISTS: 400,  # as Triton (a shared memory region registered twice)
     ErrorKind.CANCELLED: 499,  # the caller went away; recorded, never sent
+    ErrorKind.EXHAUSTED: 429,
 }
 
 GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
@@ -53,6 +55,7 @@ GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -124,3 +127,7 @@ class AlreadyExists(OipError):
 
 class Cancelled(OipError):
     kind = ErrorKind.CANCELLED
+
+
+class Exhausted(OipError):
+    kind = ErrorKind.EXHAUSTED

@@ -433,6 +433,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "(default: %(default)s)")
     p.add_argument("--http-keep-alive-seconds", type=_positive, default=defaults.http_keep_alive_seconds,
                    metavar="S", help="REST: close a keep-alive connection idle this long (default: %(default)s)")
+    p.add_argument("--shared-memory", choices=("system", "off"), default=defaults.shared_memory,
+                   help="system shared memory extension: 'system' (as Triton: any object the server's user can open, "
+                        "unless --shared-memory-prefix) or 'off' (default: %(default)s)")
+    p.add_argument("--shared-memory-prefix", default=defaults.shared_memory_prefix, metavar="PREFIX",
+                   help="register only shared memory keys that start with PREFIX, such as /myapp_ (default: any)")
+    p.add_argument("--shared-memory-max-regions", type=_positive, default=defaults.shared_memory_max_regions,
+                   metavar="N", help="most shared memory regions registered at once (default: %(default)s)")
+    p.add_argument("--shared-memory-max-bytes", type=_positive, default=defaults.shared_memory_max_bytes,
+                   metavar="N", help="most bytes mapped for shared memory regions in all (default: %(default)s)")
     p.add_argument("--log-level", choices=_LEVELS, default=defaults.log_level, help="default: %(default)s")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="text lines, or one JSON object per line (default: %(default)s)")
@@ -486,6 +495,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         http_keep_alive_seconds=args.http_keep_alive_seconds,
         extensions=args.extensions,
         model_threads=args.model_threads,
+        shared_memory=args.shared_memory,
+        shared_memory_prefix=args.shared_memory_prefix,
+        shared_memory_max_regions=args.shared_memory_max_regions,
+        shared_memory_max_bytes=args.shared_memory_max_bytes,
     )
 
 

@@ -65,7 +65,12 @@ class DataPlane(DataPlaneBase):
     def __init__(self, repository: ModelRepository, settings: Settings | None = None) -> None:
         self.repository = repository
         self.settings = settings if settings is not None else Settings()
-        self.shared_memory = SharedMemory()
+        self.shared_memory = SharedMemory(
+            enabled=self.settings.shared_memory != "off",
+            prefix=self.settings.shared_memory_prefix,
+            max_regions=self.settings.shared_memory_max_regions,
+            max_bytes=self.settings.shared_memory_max_bytes,
+        )
         self.enabled: Final[tuple[str, ...]] = tuple(self._enabled(self.settings.extensions))
         self.settings.extensions = list(self.enabled)
         self.disable_extensions(self.enabled, reasons={CUDA_SHARED_MEMORY: _NO_CUDA})
@@ -98,7 +103,8 @@ class DataPlane(DataPlaneBase):
             if name not in extensions.EXTENSIONS:
                 raise ValueError(f"unknown extension {name!r}; the protocol's are {', '.join(extensions.EXTENSIONS)}")
             if name not in available:
-                why = "no GPU stack" if name in UNSUPPORTED else "no POSIX shared memory on this host"
+                why = ("no GPU stack" if name in UNSUPPORTED else "--shared-memory off" if not self.shared_memory.enabled
+                       else "no POSIX shared memory on this host")
                 raise ValueError(f"the {name} extension cannot be served here ({why})")
         return [name for name in available if name in wanted]
 

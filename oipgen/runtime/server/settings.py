@@ -41,6 +41,12 @@ class Settings:
     # otherwise); an idle keep-alive connection closes after `http_keep_alive_seconds`.
     http_header_timeout: float = 10.0
     http_keep_alive_seconds: int = 5
+    # System shared memory: "system" (as Triton) or "off"; keys must start with the prefix when one is set; caps
+    # on the regions held and the bytes mapped for them.
+    shared_memory: str = "system"
+    shared_memory_prefix: str = ""
+    shared_memory_max_regions: int = 1024
+    shared_memory_max_bytes: int = 16 * 1024**3
     # The extensions to serve, by Triton's names (`extensions.EXTENSIONS`); None: every one this server can. An
     # extension left out is not listed in server metadata, its operations answer 501 / UNIMPLEMENTED, and a
     # request that uses it is refused (see the README). The data plane replaces None with what it serves.

@@ -18,13 +18,30 @@ its space. Unregistering a region that requests still use takes effect when they
 once). The object is mapped with `mmap`; its size is checked again before every access, so a client that
 shrinks it gets an error rather than crashing the server.
 
-Shared memory is available where /dev/shm is (Linux); elsewhere the extension answers UNIMPLEMENTED and is not
-listed in the server metadata. CUDA shared memory is not implemented: this server has no GPU stack.
+Shared memory is available where /dev/shm is (Linux); elsewhere, or with `--shared-memory off`, the extension
+answers UNIMPLEMENTED and is not listed in the server metadata. CUDA shared memory is not implemented: this server
+has no GPU stack.
+
+The risk, and its bounds. As in Triton, a client may register any shared memory object the server's user can open,
+then read it back through outputs or overwrite it with outputs: other applications' segments included. So:
+- `--shared-memory-prefix PREFIX` admits only keys that start with PREFIX (others: INVALID_ARGUMENT), so that
+  clients reach only the objects meant for the server; `--shared-memory off` turns the extension off.
+- At most `max_regions` regions and `max_bytes` mapped bytes in all (`--shared-memory-max-regions`,
+  `--shared-memory-max-bytes`); past either, register answers RESOURCE_EXHAUSTED (REST 429) before anything is
+  opened. A held region keeps no file descriptor: the object is mapped, then its descriptor closed at once, so
+  registrations cannot exhaust the server's descriptors; unregistering unmaps it.
+- Region names are 1 to 255 characters without control characters; keys are "/name" or "name" with one leading
+  slash at most, no other "/", no NUL, at most 255 bytes, never "." or "..".
+Before every access the object is looked up again by its key: the same object (device and inode) must still be
+there, at least as large as the region needs, so that a client that shrinks or replaces it gets an error rather
+than crashing the server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import mmap
 import os
 import stat
@@ -36,7 +53,7 @@ from typing import Any, Final
 import numpy.typing as npt
 
 from .. import codec, extensions
-from .errors import AlreadyExists, InvalidRequest, NotFound, Unimplemented
+from .errors import AlreadyExists, Exhausted, InvalidRequest, NotFound, Unimplemented
 
 __all__ = [
     "BYTE_SIZE",
@@ -54,37 +71,104 @@ BYTE_SIZE: Final = extensions.SHARED_MEMORY_BYTE_SIZE
 KEYS: Final = frozenset({REGION, OFFSET, BYTE_SIZE})
 
 ROOT: Final = Path("/dev/shm")
-_NAME_MAX: Final = 255
+_NAME_MAX: Final = 255  # bytes of an object name (NAME_MAX), and characters of a region name
+MAX_REGIONS: Final = 1024
+MAX_BYTES: Final = 16 * 1024**3
+
+
+class _Mapping:
+    """A shared, writable mapping of the first `size` bytes of an open file that keeps no file descriptor: mmap(2)
+    through libc (Python's `mmap.mmap` keeps a duplicate descriptor open for as long as the mapping lives)."""
+
+    __slots__ = ("_address", "_fallback", "size", "view")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.size = size
+        self._address: int | None = None
+        self._fallback: mmap.mmap | None = None
+        libc = _libc()
+        if libc is None:  # not glibc-like: Python's mmap, at the cost of a descriptor per region
+            self._fallback = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+            self.view = memoryview(self._fallback)
+            return
+        address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+        self._address = address
+        self.view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+    def close(self) -> None:
+        """Unmap (every view of the mapping must be released first)."""
+        self.view.release()
+        if self._fallback is not None:
+            with contextlib.suppress(BufferError, OSError):
+                self._fallback.close()
+        elif self._address is not None:
+            lib = _libc()
+            if lib is not None:
+                lib.munmap(self._address, self.size)
+            self._address = None
+
+
+_MAP_FAILED: Final = ctypes.c_void_p(-1).value
+_LIBC: list[Any] = []
+
+
+def _libc() -> Any:
+    """libc's mmap and munmap with their C signatures, or None where they cannot be had."""
+    if not _LIBC:
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_long]
+            lib.munmap.restype = ctypes.c_int
+            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        except (OSError, AttributeError):
+            lib = None
+        _LIBC.append(lib)
+    return _LIBC[0]
 
 
 class Region:
-    """A registered region: `byte_size` bytes at `offset` of the shared memory object `key`, mapped."""
+    """A registered region: `byte_size` bytes at `offset` of the shared memory object `key`, mapped (no file
+    descriptor is kept: the object is found again by its path, and must be the same one, before each access)."""
 
-    __slots__ = ("_fd", "_map", "_users", "_view", "byte_size", "key", "name", "offset", "retired")
+    __slots__ = ("_identity", "_map", "_path", "_users", "_view", "byte_size", "key", "name", "offset", "retired")
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, fd: int, mapping: mmap.mmap) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, path: Path, identity: tuple[int, int],
+                 mapping: _Mapping) -> None:
         self.name = name
         self.key = key
         self.offset = offset
         self.byte_size = byte_size
-        self._fd = fd
+        self._path = path
+        self._identity = identity  # (st_dev, st_ino) of the object registered
         self._map = mapping
-        self._view: memoryview | None = memoryview(mapping)[offset:offset + byte_size]
+        self._view: memoryview | None = mapping.view[offset:offset + byte_size]
         self._users = 0
-        self.retired = False  # unregistered: closed once the last user is done
+        self.retired = False  # unregistered: unmapped once the last user is done
 
     def _checked_view(self, offset: int, size: int) -> memoryview:
         view = self._view
         if view is None:
             raise NotFound(f"shared memory region '{self.name}' is no longer registered")
         try:
-            actual = os.fstat(self._fd).st_size
+            info = os.stat(self._path, follow_symlinks=False)
         except OSError as exc:
-            raise InvalidRequest(f"shared memory region '{self.name}' is no longer usable: {exc}") from None
-        if self.offset + offset + size > actual:
             raise InvalidRequest(
-                f"shared memory region '{self.name}': the object '{self.key}' shrank to {actual} bytes, which no "
-                f"longer holds bytes {self.offset + offset}..{self.offset + offset + size} of it"
+                f"shared memory region '{self.name}' is no longer usable: '{self.key}': {exc.strerror}"
+            ) from None
+        if (info.st_dev, info.st_ino) != self._identity:
+            raise InvalidRequest(
+                f"shared memory region '{self.name}' is no longer usable: '{self.key}' was removed or replaced; "
+                "register the region again"
+            )
+        if self.offset + offset + size > info.st_size:
+            raise InvalidRequest(
+                f"shared memory region '{self.name}': the object '{self.key}' shrank to {info.st_size} bytes, which "
+                f"no longer holds bytes {self.offset + offset}..{self.offset + offset + size} of it"
             )
         return view
 
@@ -105,20 +189,21 @@ class Region:
             self.close()
 
     def retire(self) -> None:
-        """Unregistered: close now, or when the requests using the region are done."""
+        """Unregistered: unmap now, or when the requests using the region are done."""
         self.retired = True
         if self._users <= 0:
             self.close()
+
+    @property
+    def mapped(self) -> bool:
+        return self._view is not None
 
     def close(self) -> None:
         if self._view is None:
             return
         self._view.release()
         self._view = None
-        with contextlib.suppress(BufferError, OSError):
-            self._map.close()
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        self._map.close()
 
 
 class _Using:
@@ -171,12 +256,22 @@ def placement_of(parameters: Mapping[str, Any], where: str) -> Placement | None:
 
 def _object_name(key: str) -> str:
     """The file name under /dev/shm of a shm_open key ("/name" or "name"), as glibc's shm_open derives it."""
-    name = key.lstrip("/")
+    name = key[1:] if key.startswith("/") else key
     if not name or name in (".", "..") or "/" in name or "\0" in name or len(name.encode()) > _NAME_MAX:
         raise InvalidRequest(
-            f"invalid shared memory key {key!r}: a key is a name such as '/input0', without further '/'"
+            f"invalid shared memory key {key!r}: a key is a name such as '/input0' of at most {_NAME_MAX} bytes, "
+            "with one leading '/' at most, no other '/' and no NUL"
         )
     return name
+
+
+def _check_region_name(name: str) -> None:
+    if not name:
+        raise InvalidRequest("'region name' is necessary to register a system shared memory region")
+    if len(name) > _NAME_MAX or not name.isprintable():
+        raise InvalidRequest(
+            f"invalid shared memory region name {name!r}: at most {_NAME_MAX} characters, no control characters"
+        )
 
 
 @dataclass
@@ -185,13 +280,24 @@ class SharedMemory:
 
     root: Path = ROOT
     regions: dict[str, Region] = field(default_factory=dict)
+    enabled: bool = True  # --shared-memory system (True) or off
+    prefix: str = ""  # --shared-memory-prefix: only keys that start with it can be registered
+    max_regions: int = MAX_REGIONS
+    max_bytes: int = MAX_BYTES
 
     @property
     def available(self) -> bool:
-        """Whether the host has POSIX shared memory where this server looks for it."""
-        return self.root.is_dir() and hasattr(os, "O_NOFOLLOW")
+        """Whether the extension is on, and the host has POSIX shared memory where this server looks for it."""
+        return self.enabled and self.root.is_dir() and hasattr(os, "O_NOFOLLOW")
+
+    @property
+    def mapped_bytes(self) -> int:
+        """The bytes mapped for the registered regions (offset included: the mapping starts at the object's start)."""
+        return sum(r.offset + r.byte_size for r in self.regions.values())
 
     def _require(self) -> None:
+        if not self.enabled:
+            raise Unimplemented("system shared memory is turned off on this server; send tensor data in the request")
         if not self.available:
             raise Unimplemented(
                 f"system shared memory is not available on this host (no {self.root}); send tensor data in "
@@ -202,15 +308,35 @@ class SharedMemory:
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._require()
-        if not name:
-            raise InvalidRequest("'region name' is necessary to register a system shared memory region")
+        _check_region_name(name)
         if not key:
             raise InvalidRequest(f"shared memory register request for region '{name}' has no 'key' field")
+        object_name = _object_name(key)
+        prefix = self.prefix[1:] if self.prefix.startswith("/") else self.prefix
+        if not object_name.startswith(prefix):
+            raise InvalidRequest(
+                f"shared memory key {key!r} is refused: this server only registers keys that start with "
+                f"'{self.prefix}' (--shared-memory-prefix)"
+            )
         if byte_size <= 0:
             raise InvalidRequest(f"failed to register shared memory region '{name}': 'byte_size' must be > 0")
+        if offset < 0:
+            raise InvalidRequest(f"failed to register shared memory region '{name}': 'offset' must be >= 0")
         if name in self.regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
-        path = self.root / _object_name(key)
+        if len(self.regions) >= self.max_regions:
+            raise Exhausted(
+                f"failed to register shared memory region '{name}': {len(self.regions)} regions are registered, "
+                f"the most this server holds (--shared-memory-max-regions); unregister one first"
+            )
+        mapped = self.mapped_bytes
+        if mapped + offset + byte_size > self.max_bytes:
+            raise Exhausted(
+                f"failed to register shared memory region '{name}': mapping {offset + byte_size} more bytes would "
+                f"exceed the {self.max_bytes} bytes this server maps in all (--shared-memory-max-bytes; "
+                f"{mapped} mapped now)"
+            )
+        path = self.root / object_name
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(path, flags)
@@ -218,7 +344,7 @@ class SharedMemory:
             raise InvalidRequest(f"unable to open shared memory region: '{key}' does not exist") from None
         except OSError as exc:
             raise InvalidRequest(f"unable to open shared memory region: '{key}': {exc.strerror}") from None
-        try:
+        try:  # the descriptor lives only while the object is checked and mapped
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidRequest(f"unable to open shared memory region: '{key}' is not a shared memory object")
@@ -228,13 +354,12 @@ class SharedMemory:
                     f"{byte_size} exceeds the {info.st_size} bytes of '{key}')"
                 )
             try:
-                mapping = mmap.mmap(fd, offset + byte_size, access=mmap.ACCESS_WRITE)
+                mapping = _Mapping(fd, offset + byte_size)
             except (OSError, ValueError) as exc:
                 raise InvalidRequest(f"failed to register shared memory region '{name}': {exc}") from None
-        except BaseException:
+        finally:
             os.close(fd)
-            raise
-        self.regions[name] = Region(name, key, offset, byte_size, fd, mapping)
+        self.regions[name] = Region(name, key, offset, byte_size, path, (info.st_dev, info.st_ino), mapping)
 
     def unregister(self, name: str = "") -> None:
         """Unregister the region `name`, or every region when `name` is empty. An unknown name is no error
