@@ -107,7 +107,8 @@ class DataPlane(DataPlaneBase):
             if name not in extensions.EXTENSIONS:
                 raise ValueError(f"unknown extension {name!r}; the protocol's are {', '.join(extensions.EXTENSIONS)}")
             if name not in available:
-                why = ("no GPU stack" if name in UNSUPPORTED else "--shared-memory off" if not self.shared_memory.enabled
+                why = ("no GPU stack" if name in UNSUPPORTED
+                       else "--shared-memory off" if not self.shared_memory.enabled
                        else "no POSIX shared memory on this host")
                 raise ValueError(f"the {name} extension cannot be served here ({why})")
         return [name for name in available if name in wanted]
