@@ -440,18 +440,27 @@ class ModelRepository:
 
     # --- lookups ----------------------------------------------------------------------------------------
 
+    def _record(self, name: str) -> _Record:
+        record = self._records.get(name)
+        if record is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return record
+
+    @staticmethod
+    def _version(record: _Record, name: str, version: str) -> _Version:
+        entry = record.versions.get(version)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return entry
+
     def get(self, name: str, version: str = "") -> Model:
         """The serving instance of `name` at `version` (empty: the highest ready version).
 
         NotFound for an unknown model or version; NotReady for a known one that is not ready.
         """
-        record = self._records.get(name)
-        if record is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        record = self._record(name)
         if version:
-            entry = record.versions.get(version)
-            if entry is None:
-                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            entry = self._version(record, name, version)
             if entry.state is not ModelState.READY or entry.model is None:
                 raise NotReady(f"Request for unknown model: '{name}' version {version} is not at ready state")
             return entry.model
@@ -501,14 +510,9 @@ class ModelRepository:
 
     def is_ready(self, name: str, version: str = "") -> bool:
         """Whether `name` (at `version`, or any version) is READY. NotFound for an unknown model or version."""
-        record = self._records.get(name)
-        if record is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        record = self._record(name)
         if version:
-            entry = record.versions.get(version)
-            if entry is None:
-                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
-            return entry.state is ModelState.READY
+            return self._version(record, name, version).state is ModelState.READY
         return any(entry.state is ModelState.READY for entry in record.versions.values())
 
     def ready_versions(self, name: str) -> list[str]:

@@ -62,15 +62,9 @@ def cpu_count() -> int:
 
 def _reserve(host: str, port: int) -> socket.socket:
     """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    from .app import bound_socket
+
+    return bound_socket(host, port, reuse_port=True)
 
 
 def _die_with_parent() -> None:

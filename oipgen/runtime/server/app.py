@@ -130,7 +130,8 @@ class _Uvicorn(uvicorn.Server):
         return None
 
 
-def _http_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: a free port), not yet listening."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -141,6 +142,11 @@ def _http_socket(host: str, port: int, reuse_port: bool = False) -> socket.socke
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+def _http_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    sock = bound_socket(host, port, reuse_port)
     sock.listen(2048)
     sock.set_inheritable(False)
     return sock
