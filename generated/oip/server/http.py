@@ -12,8 +12,11 @@ Two things happen below the application, where FastAPI never sees the request:
   the connection for ever (uvicorn times out only idle keep-alive connections between requests). Here the request
   line and headers must arrive within `header_timeout` seconds of the connection's start, or of the first byte of
   a later request on it; past that the server answers 408 with an error body and closes the connection. Idle
-  keep-alive connections close after uvicorn's `timeout_keep_alive`. A slow body is the application's business
-  (the request is then known).
+  keep-alive connections close after uvicorn's `timeout_keep_alive`.
+- A client that sends a request body slowly, or stops in the middle of it, would hold the connection and the
+  request's handler for ever. Here the body may pause at most `body_timeout` seconds between two pieces (not
+  counting time the server itself stops reading); past that, if no answer has started, the server answers 408
+  with an error body and closes the connection (the handler then sees the client gone).
 
 Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with neither change.
 """
@@ -38,7 +41,7 @@ def _answer(status: bytes, message: str) -> bytes:
     ])
 
 
-def http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
+def http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Protocol] | str:
     """The protocol class for `uvicorn.Config(http=...)`: httptools' with the changes above, or "auto"."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -47,6 +50,7 @@ def http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
 
     class Protocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
 
         def _arm(self) -> None:
             if self._header_timer is None:
@@ -64,12 +68,34 @@ def http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
                 self.transport.write(_answer(b"408 Request Timeout", message))
                 self.transport.close()
 
+        def _arm_body(self) -> None:
+            self._disarm_body()
+            self._body_timer = self.loop.call_later(body_timeout, self._body_too_slow)
+
+        def _disarm_body(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _body_too_slow(self) -> None:
+            self._body_timer = None
+            if self.transport.is_closing() or self.cycle is None or self.cycle.response_complete:
+                return
+            if self.flow.read_paused:  # the server is not reading (the app has not taken what came): not the client
+                self._arm_body()
+                return
+            if not self.cycle.response_started:
+                message = f"the request body paused for more than {body_timeout:g} seconds"
+                self.transport.write(_answer(b"408 Request Timeout", message))
+            self.transport.close()
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._disarm_body()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -79,6 +105,15 @@ def http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
         def on_headers_complete(self) -> None:
             self._disarm()
             super().on_headers_complete()
+            self._arm_body()  # until the message is complete
+
+        def on_body(self, body: bytes) -> None:
+            super().on_body(body)
+            self._arm_body()
+
+        def on_message_complete(self) -> None:
+            self._disarm_body()
+            super().on_message_complete()
 
         def send_400_response(self, msg: str) -> None:
             self._disarm()

@@ -35,7 +35,7 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -46,7 +46,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from google.protobuf.message import Message
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -313,34 +313,67 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise TooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     total = 0
-    async for chunk in request.stream():
-        if chunk:
-            total += len(chunk)
-            if total > limit:
-                raise TooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise TooLarge(f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+    except ClientDisconnect:  # gone, or closed by the HTTP layer for pausing too long: nobody reads the answer
+        raise InvalidRequest("the connection closed before the request body arrived") from None
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding in ("gzip", "deflate"):
-        return _inflate(body, encoding, limit)
+        return await asyncio.to_thread(_inflate, body, encoding, limit)  # off the loop: it can take a while
     raise InvalidRequest(f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or identity")
 
 
+# Inflating a compressed body: in chunks of _INFLATE_CHUNK, keeping at most _INFLATE_KEEP inflated bytes while the
+# size is unknown. A body that inflates beyond that is first only counted (its output dropped chunk by chunk), so a
+# body that inflates beyond the limit is refused having held at most _INFLATE_KEEP + _INFLATE_CHUNK bytes; one
+# within the limit is inflated again in one call with its exact size as the output buffer's (CPython then hands
+# that buffer over as the bytes object: the peak is the body's size, not twice it).
+_INFLATE_CHUNK: Final = 1024 * 1024
+_INFLATE_KEEP: Final = 16 * 1024 * 1024
+
+
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """A compressed body, inflated to at most `limit` bytes (a small body cannot expand without bound)."""
+    """A compressed body, inflated to at most `limit` bytes; memory bounded as said above."""
     wbits = zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS
+    kept: list[bytes] | None = []
+    size = 0
+    for chunk in _inflated_chunks(body, wbits, encoding):
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"request body inflates beyond the limit of {limit} bytes")
+        if kept is not None:
+            kept.append(chunk)
+            if size > _INFLATE_KEEP:
+                kept = None  # too large to keep twice: count the rest, then inflate again into one buffer
+    if kept is not None:
+        return kept[0] if len(kept) == 1 else b"".join(kept)
+    return zlib.decompress(body, wbits, size)  # valid and `size` bytes long: the first pass said so
+
+
+def _inflated_chunks(body: bytes, wbits: int, encoding: str) -> Iterator[bytes]:
+    """The inflated body, _INFLATE_CHUNK bytes at a time; 400 if it is not valid or is truncated."""
     inflater = zlib.decompressobj(wbits)
+    pending = body
     try:
-        data = inflater.decompress(body, limit + 1)
+        while True:
+            chunk = inflater.decompress(pending, _INFLATE_CHUNK)
+            pending = inflater.unconsumed_tail
+            if chunk:
+                yield chunk
+            if inflater.eof or (not chunk and not pending):
+                break
     except zlib.error as exc:
         raise InvalidRequest(f"request body is not valid {encoding} data: {exc}") from None
-    if len(data) > limit:
-        raise TooLarge(f"request body inflates beyond the limit of {limit} bytes")
     if not inflater.eof:
         raise InvalidRequest(f"request body is truncated {encoding} data")
-    return data
 
 
 def _parse_json(data: bytes | memoryview, what: str) -> Any:

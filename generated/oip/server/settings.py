@@ -42,8 +42,10 @@ class Settings:
     # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
     reuse_port: bool = False
     # REST connections: the request line and headers must arrive within this many seconds (408 and closed
+    # otherwise); a request body may pause at most `http_body_timeout` seconds between two pieces (408 and closed
     # otherwise); an idle keep-alive connection closes after `http_keep_alive_seconds`.
     http_header_timeout: float = 10.0
+    http_body_timeout: float = 30.0
     http_keep_alive_seconds: int = 5
     # System shared memory: "system" (as Triton) or "off"; keys must start with the prefix when one is set; caps
     # on the regions held and the bytes mapped for them.

@@ -250,7 +250,7 @@ async def serve(
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
-                http=http_protocol(settings.http_header_timeout),
+                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout),
                 ws="none",
                 server_header=False,
             )
@@ -437,6 +437,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
                    help="REST: close a connection (408) whose request line and headers take longer "
                         "(default: %(default)s)")
+    p.add_argument("--http-body-timeout", type=_positive_float, default=defaults.http_body_timeout, metavar="S",
+                   help="REST: close a connection (408) whose request body pauses longer between two pieces "
+                        "(default: %(default)s)")
     p.add_argument("--http-keep-alive-seconds", type=_positive, default=defaults.http_keep_alive_seconds,
                    metavar="S", help="REST: close a keep-alive connection idle this long (default: %(default)s)")
     p.add_argument("--shared-memory", choices=("system", "off"), default=defaults.shared_memory,
@@ -498,6 +501,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_buckets=args.metrics_buckets,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
         http_header_timeout=args.http_header_timeout,
+        http_body_timeout=args.http_body_timeout,
         http_keep_alive_seconds=args.http_keep_alive_seconds,
         extensions=args.extensions,
         model_threads=args.model_threads,
