@@ -9,10 +9,14 @@
   CPUs: throughput and CPU per inference. On this 2-core machine the load generator shares CPU 1 with the
   server, so two workers cannot double anything here: the figure says how much of the second core they turn
   into throughput.
+- Load and faults (bench/faults.py, the drivers of the fault suite): 64 clients mixing REST JSON, REST binary and
+  gRPC on `simple`, every answer checked number by number, twice (--faults-duration each), with the server's RSS
+  before and after each phase; then 200 slow clients sending a header a byte a second while 8 others are served:
+  their p99, and what the server did with the slow connections (closed after its 10 s header timeout, 408).
 Outputs in --out (default bench/results): scale.json, scale.md, scale.png. The server runs on CPU 0, the load on
 CPU 1, as in bench/run.py; every point is bounded in time (--duration) and count.
 
-    python bench/scale.py [--quick] [--duration 3] [--out DIR]
+    python bench/scale.py [--quick] [--duration 3] [--faults-duration 20] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import json
 import math
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loadgen
 import servers
 from servers import BENCH
 
@@ -175,6 +181,63 @@ def chart(document: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+def fault_phase(server: servers.Running, phase: str, duration: float, *options: str) -> dict[str, Any]:
+    """One phase of bench/faults.py in its own process on the client CPU; its figures, with the server's resident
+    memory before and after (MiB)."""
+    argv = ["taskset", "-c", servers.CLIENT_CPU, sys.executable, str(BENCH / "faults.py"), phase,
+            "--rest", server.rest, "--grpc", server.grpc, "-d", str(duration), *options]
+    result: dict[str, Any] = {"phase": phase, "rss_before_mib": loadgen.rss_kib(server.pid) / 1024}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120, check=False)
+    except subprocess.TimeoutExpired:
+        return {**result, "error": f"bench/faults.py {phase} did not finish within {duration + 120:.0f} s"}
+    result["rss_after_mib"] = loadgen.rss_kib(server.pid) / 1024
+    if done.returncode != 0 or not done.stdout.strip():
+        return {**result, "error": f"bench/faults.py exit {done.returncode}: {done.stderr.strip()[-300:]}"}
+    return {**result, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def fault_checks(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    mixed = [r for r in rows if r["phase"] == "mixed"]
+    slow = [r for r in rows if r["phase"] == "slow"]
+    out = []
+    for n, r in enumerate(mixed, 1):
+        ok = "error" not in r and r["errors"] == 0 and r["wrong"] == 0
+        what = r.get("error") or f"{r['requests']:,} requests, {r['errors']} errors, {r['wrong']} wrong"
+        out.append((f"mixed load phase {n}: no error, no wrong answer", what, ok))
+    if len(mixed) == 2 and all("error" not in r for r in mixed):
+        growth = mixed[1]["rss_after_mib"] - mixed[1]["rss_before_mib"]
+        out.append(("second mixed phase grows RSS < 50 MB", f"{growth:+.1f} MiB", growth * 1.048576 < 50))
+    for r in slow:
+        ok = "error" not in r and r["probe"]["errors"] == 0 and r["probe"]["p99_ms"] < 1000
+        what = r.get("error") or f"p99 {r['probe']['p99_ms']:.1f} ms, {r['probe']['errors']} errors"
+        out.append(("others served beside 200 slow clients: p99 < 1 s", what, ok))
+    return out
+
+
+def fault_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "## Load and faults (bench/faults.py; load on CPU 1)", "",
+             "| phase | clients | requests | per s | p50 / p99 ms | errors | wrong | server RSS MiB before -> after |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rss = f"{r['rss_before_mib']:.1f} -> {r.get('rss_after_mib', float('nan')):.1f}"
+        if "error" in r:
+            lines.append(f"| {r['phase']} | | fails: {r['error'][:100]} | | | | | {rss} |")
+            continue
+        if r["phase"] == "mixed":
+            kinds = ", ".join(f"{k} {v['requests']:,}" for k, v in r["kinds"].items())
+            lines.append(f"| mixed ({kinds}) | {r['clients']} | {r['requests']:,} | {r['per_s']:,.0f} | "
+                         f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} | {r['errors']} | {r['wrong']} | {rss} |")
+        else:
+            probe, closed = r["probe"], r["slow_closed_after_s"]
+            answers = ", ".join(f"{k}: {v}" for k, v in r["slow_answers"].items())
+            lines.append(f"| {r['probes']} clients beside {r['slow_clients']} slow ones (closed "
+                         f"{r['slow_closed_by_server']} times after {closed['median']:.1f} s; {answers}) | "
+                         f"{r['probes']} | {probe['requests']:,} | {probe['per_s']:,.0f} | {probe['p50_ms']:.2f} / "
+                         f"{probe['p99_ms']:.2f} | {probe['errors']} | {probe['wrong']} | {rss} |")
+    return lines
+
+
 def markdown(document: dict[str, Any]) -> str:
     meta = document["meta"]
     lines = [
@@ -226,6 +289,8 @@ def markdown(document: dict[str, Any]) -> str:
 
             ratio = f"{two['infer_per_s'] / one['infer_per_s']:.2f}x" if one and two and one["infer_per_s"] else "-"
             lines.append(f"| {workload} | {cell(one)} | {cell(two)} | {ratio} |")
+    if document.get("faults"):
+        lines += fault_lines(document["faults"])
     lines += ["", "| check | measured | met |", "|---|---|---|"]
     for text, what, ok in document["checks"]:
         lines.append(f"| {text} | {what} | {'yes' if ok else 'no'} |")
@@ -236,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a short smoke run (sizes up to 1 MB, c up to 16)")
     p.add_argument("--duration", type=float)
+    p.add_argument("--faults-duration", type=float, help="seconds of each mixed load phase (default 20, quick 5)")
     p.add_argument("--out", type=Path, default=BENCH / "results")
     args = p.parse_args(argv)
     duration = args.duration or (0.5 if args.quick else 3.0)
@@ -250,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     payload: list[dict[str, Any]] = []
     concurrency: list[dict[str, Any]] = []
     workers: list[dict[str, Any]] = []
+    fault_rows: list[dict[str, Any]] = []
+    faults_duration = args.faults_duration or (5.0 if args.quick else 20.0)
     try:
         with servers.running("oipgen", BENCH / ".cache", out / "logs") as server:
             for workload in PAYLOAD_WORKLOADS:
@@ -288,6 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                     cpu = r.get("server_cpu_us_per_infer") or 0
                     text = f"ERROR {r['error']}" if "error" in r else f"{r['infer_per_s']:,.0f}/s, {cpu:,.0f} us CPU"
                     print(f"{name} {workload}: {text}", flush=True)
+        with servers.running("oipgen", BENCH / ".cache", out / "logs") as server:
+            for seed in (0, 1000):  # two identical phases: the second must not grow the server's memory
+                fault_rows.append(fault_phase(server, "mixed", faults_duration, "-c", "64", "--seed", str(seed)))
+            # Longer than the server's 10 s header timeout, so that every slow connection meets it.
+            fault_rows.append(fault_phase(server, "slow", 12.0 if args.quick else 15.0, "--slow", "200"))
+            for r in fault_rows:
+                print(f"faults {r['phase']}: " + (f"ERROR {r['error']}" if "error" in r else json.dumps(
+                    {k: r[k] for k in ("requests", "errors", "wrong", "p99_ms", "probe") if k in r})), flush=True)
     except KeyboardInterrupt:
         print("interrupted: the server this run started is stopped")
         return 130
@@ -303,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         "payload": payload,
         "concurrency": concurrency,
         "workers": workers,
+        "faults": fault_rows,
     }
-    document["checks"] = checks(payload, concurrency)
+    document["checks"] = checks(payload, concurrency) + fault_checks(fault_rows)
     (out / "scale.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "scale.md").write_text(markdown(document))
     chart(document, out / "scale.png")
