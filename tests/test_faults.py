@@ -345,7 +345,7 @@ def test_stream_cancelled_halfway_leaves_the_server_healthy(server: Server) -> N
         success, failed = success_count(http, "simple")
     report("stream cancelled after 1,000 answers", {"served_in_all": success - before[0], "failed": failed - before[1]})
     # The server stopped taking the cancelled stream's requests: far fewer than its 100,000 were run.
-    assert 1000 + 100 + 2 <= success - before[0] < 20_000, (before, success)
+    assert 1000 + 100 + 2 <= success - before[0] < 50_000, (before, success)
     assert failed == before[1]
 
 
@@ -376,7 +376,7 @@ def test_fifty_concurrent_streams(server: Server) -> None:
 # --- SIGTERM with slow requests in flight ---------------------------------------------------------------------------
 
 GRACE = 15.0
-DELAY = 2.0
+DELAY = 3.0  # each slow request; the listeners must close well within it
 
 
 def test_sigterm_with_32_slow_requests_in_flight(tmp_path: Path) -> None:
