@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .api import INTEGER_KINDS, Api, Field, Message, Operation, RestOperation, Schema, is_safe_identifier
+from .api import INTEGER_KINDS, Api, Datatype, Field, Message, Operation, RestOperation, Schema, is_safe_identifier
 from .load_openapi import _SCHEMA_REF
 from .problems import Problems
 
@@ -35,6 +35,20 @@ def _ref(node: Any) -> str | None:
         if isinstance(ref, str) and ref.startswith(_SCHEMA_REF):
             return ref[len(_SCHEMA_REF):]
     return None
+
+
+_DATA_FAMILIES = {"BoolTensorData": "bool", "IntegerTensorData": "integer", "NumberTensorData": "number",
+                  "StringTensorData": "string"}
+
+
+def _json_family(d: Datatype) -> str:
+    """The JSON element type of a datatype's `data`, from its row of the table ("none": it has no JSON form)."""
+    if not d.json:
+        return "none"
+    if d.numpy == "object":
+        return "string"
+    kind = d.numpy[1:2]
+    return {"b": "bool", "i": "integer", "u": "integer", "f": "number"}.get(kind, "none")
 
 
 def _types(node: dict[str, Any]) -> set[str]:
@@ -260,6 +274,7 @@ class _Checker:
             if sorted(map(str, enum)) != sorted(names):
                 self.rest("components/schemas/Datatype",
                           f"enum {sorted(map(str, enum))} differs from datatypes.yaml {sorted(names)}")
+        self.data_by_datatype()
         contents = next((m for m in self.api.messages if m.name == "InferTensorContents"), None)
         dtype_enum = next((e for e in self.api.enums if e.full_name.endswith(".DataType")), None)
         for d in self.api.datatypes:
@@ -296,6 +311,34 @@ class _Checker:
                 if owner is not None and owner not in extensions:
                     self.rest(f"components/schemas/{schema.name}/properties/{prop.name}",
                               f"x-oip-extension {owner!r} is not an extension tag (`x-oip-extension: true`)")
+
+    def data_by_datatype(self) -> None:
+        """The `if datatype ... then data ...` rules of schemas marked `x-oip-data-by-datatype` give each datatype
+        of the table the JSON element type its row implies, and no datatype twice."""
+        for schema in self.api.schemas:
+            if not schema.raw.get("x-oip-data-by-datatype"):
+                continue
+            where = f"components/schemas/{schema.name}/allOf"
+            got: dict[str, str] = {}
+            for rule in schema.raw.get("allOf") or []:
+                condition = ((rule.get("if") or {}).get("properties") or {}).get("datatype") or {}
+                names = condition.get("enum") or ([condition["const"]] if "const" in condition else [])
+                then = rule.get("then") or {}
+                data = (then.get("properties") or {}).get("data")
+                family = _DATA_FAMILIES.get(_ref(data) or "") if data is not None else (
+                    "none" if then.get("not") == {"required": ["data"]} else None)
+                if family is None:
+                    self.rest(where, f"rule for {names} must give data one of {sorted(_DATA_FAMILIES)} or forbid it")
+                    continue
+                for name in names:
+                    if name in got:
+                        self.rest(where, f"datatype {name} has two rules")
+                    got[name] = family
+            want = {d.name: _json_family(d) for d in self.api.datatypes}
+            if got != want:
+                wrong = sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n))
+                self.rest(where, "data element types differ from datatypes.yaml for "
+                          + ", ".join(f"{n} (schema {got.get(n)}, table {want.get(n)})" for n in wrong))
 
     # -- examples ---------------------------------------------------------------------------------------------
     def examples(self) -> None:

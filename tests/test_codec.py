@@ -175,13 +175,13 @@ def test_unknown_datatype_lists_valid_ones() -> None:
 
 @pytest.mark.parametrize(
     ("shape", "count"),
-    [([], 1), ([0], 0), ([2, 3], 6), ([2, 0, 10**12], 0), ((4,), 4), (np.array([3, 2]), 6)],
+    [([], 1), ([0], 0), ([2, 3], 6), ([2, 0, 10**12], 0), ((4,), 4), (np.array([3, 2]), 6), ([2.0, 3], 6)],
 )
 def test_element_count(shape: Any, count: int) -> None:
     assert codec.element_count(shape) == count
 
 
-@pytest.mark.parametrize("shape", [[-1], [2, -3], [1.0], [True], ["2"], [None], "12", 3, [2**63], None])
+@pytest.mark.parametrize("shape", [[-1], [2, -3], [1.5], [True], ["2"], [None], "12", 3, [2**63], [2.0**63], None])
 def test_element_count_rejects(shape: Any) -> None:
     with pytest.raises(codec.CodecError, match="shape"):
         codec.element_count(shape, name="IN")

@@ -461,7 +461,7 @@ def test_shared_memory_errors(http: httpx.Client, stub: pb_grpc.GRPCInferenceSer
         assert "invalid args" in assert_error_body(http.post(register, json={"key": key, "byte_size": 129}), 400)
         assert_error_body(http.post(register, json={"key": key, "offset": 100, "byte_size": 29}), 400)
         assert "no 'key'" in assert_error_body(http.post(register, json={"byte_size": 8}), 400)
-        assert_error_body(http.post(register, json={"key": "/oipgen_no_such_key", "byte_size": 8}), 400)
+        assert_error_body(http.post(register, json={"key": "/oipgen_no_such_key", "byte_size": 8}), 404)
         for bad_key in ("/../../etc/passwd", "a/b", "/", ".."):
             assert_error_body(http.post(register, json={"key": bad_key, "byte_size": 8}), 400)
         assert http.post(register, json={"key": key, "byte_size": 64}).status_code == 200

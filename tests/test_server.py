@@ -377,11 +377,17 @@ def test_not_ready_status_400(tmp_path: Path) -> None:
 
 
 def test_openapi_is_the_spec_and_the_models(http: httpx.Client, api: Any) -> None:
-    """The spec's document, unchanged, plus each ready model's inference (test_openapi_models checks those)."""
+    """The spec's document, less the operations and tag of CUDA shared memory, the one extension this server does
+    not serve (its operations answer 501), plus each ready model's inference (test_openapi_models checks those)."""
     response = http.get("/openapi.json")
     assert response.status_code == 200
     doc = response.json()
-    spec = api.openapi
+    enabled = set(http.get("/v2").json()["extensions"])
+    assert "cuda_shared_memory" not in enabled
+    spec = {**api.openapi, "tags": [t for t in api.openapi["tags"] if t["name"] != "cuda_shared_memory"],
+            "paths": {p: item for p, item in api.openapi["paths"].items() if not p.startswith("/v2/cudasharedmemory")}}
+    assert any(p.startswith("/v2/cudasharedmemory") for p in api.openapi["paths"])
+    assert not any(p.startswith("/v2/cudasharedmemory") for p in doc["paths"])
     assert {k: v for k, v in doc.items() if k not in ("paths", "components", "tags")} == {
         k: v for k, v in spec.items() if k not in ("paths", "components", "tags")}
     assert {path: doc["paths"][path] for path in spec["paths"]} == spec["paths"]

@@ -10,7 +10,7 @@ protobuf messages and back). The package imports its own modules relatively and 
 be vendored under any name.
 """
 
-SPEC_SHA256 = '3ed992576d585ba08aae18b2b423fec963f1ebcafdf844a22d59a7c2cf931a45'
+SPEC_SHA256 = 'c1ac9dbe3bead5e0c2dfc9c1d96347105f6db39eb818fc47918f2896cf87bc7a'
 GENERATOR = 'oipgen 0.1.0'
 GENERATOR_VERSION = '0.1.0'
 PROTO_PACKAGE = 'inference'

@@ -141,10 +141,15 @@ class MetadataServerResponse(OipModel):
     extensions: Annotated[list[str], Field(description='Enabled protocol extensions, spelled as Triton spells them.')]
 
 
+ShapeItem = TypeAliasType("ShapeItem", Annotated[int, Field(ge=-1, le=9223372036854775807)])
+
+
 class MetadataTensor(OipModel):
     name: Annotated[str, Field(description='Tensor name.')]
     datatype: Datatype
-    shape: Annotated[list[int], Field(description='Dimensions; -1 marks a dimension whose size varies per request.')]
+    shape: Annotated[
+        list[ShapeItem], Field(description='Dimensions; -1 marks a dimension whose size varies per request.')
+    ]
 
 
 class MetadataModelResponse(OipModel):
@@ -158,8 +163,11 @@ class MetadataModelResponse(OipModel):
     ] = None
 
 
+ShapeItem1 = TypeAliasType("ShapeItem1", Annotated[int, Field(ge=0, le=9223372036854775807)])
+
+
 class RequestOutput(OipModel):
-    name: Annotated[str, Field(description='Output name, as declared by the model.')]
+    name: Annotated[str, Field(description='Output name, as declared by the model.', min_length=1)]
     parameters: InferRequestedOutputParameters | None = None
 
 
@@ -496,11 +504,19 @@ SystemSharedMemoryStatusResponse = TypeAliasType(
 
 
 class SystemSharedMemoryRegisterRequest(OipModel):
-    key: Annotated[str, Field(description='Key of the shared-memory object that holds the region.')]
+    key: Annotated[
+        str,
+        Field(
+            description='Key of the shared-memory object that holds the region, as given to\nshm_open: "/name" or "name", one leading "/" at most, no other "/", no\nNUL, at most 255 bytes. A server may admit only keys with a prefix it\nis configured with (400 otherwise); a key that names no object is 404.\n',
+            max_length=256,
+            min_length=1,
+            pattern='^/?[^/\\x00]+$',
+        ),
+    ]
     offset: Annotated[
         int | None, Field(description='Start of the region inside that object, in bytes (default 0).', ge=0)
     ] = None
-    byte_size: Annotated[int, Field(description='Size of the region, in bytes.', ge=0)]
+    byte_size: Annotated[int, Field(description='Size of the region, in bytes.', ge=1)]
 
 
 class CudaSharedMemoryRegionStatus(OipModel):
@@ -539,6 +555,74 @@ TensorData = TypeAliasType(
 )
 
 
+BoolTensorData = TypeAliasType(
+    "BoolTensorData",
+    Annotated[list["BoolTensorDataItem"], Field(description='TensorData of a BOOL tensor; its leaves are booleans.')],
+)
+
+
+BoolTensorDataItem = TypeAliasType(
+    "BoolTensorDataItem",
+    Annotated[
+        BoolTensorData | bool,
+        Field(description='An element of BoolTensorData, a deeper level or a leaf (see TensorDataItem).'),
+    ],
+)
+
+
+IntegerTensorData = TypeAliasType(
+    "IntegerTensorData",
+    Annotated[
+        list["IntegerTensorDataItem"],
+        Field(description='TensorData of an integer tensor; its leaves are whole numbers (1 and 1.0 alike).'),
+    ],
+)
+
+
+IntegerTensorDataItem = TypeAliasType(
+    "IntegerTensorDataItem",
+    Annotated[
+        IntegerTensorData | int,
+        Field(description='An element of IntegerTensorData, a deeper level or a leaf (see TensorDataItem).'),
+    ],
+)
+
+
+NumberTensorData = TypeAliasType(
+    "NumberTensorData",
+    Annotated[
+        list["NumberTensorDataItem"], Field(description='TensorData of an FP32 or FP64 tensor; its leaves are numbers.')
+    ],
+)
+
+
+NumberTensorDataItem = TypeAliasType(
+    "NumberTensorDataItem",
+    Annotated[
+        NumberTensorData | float,
+        Field(description='An element of NumberTensorData, a deeper level or a leaf (see TensorDataItem).'),
+    ],
+)
+
+
+StringTensorData = TypeAliasType(
+    "StringTensorData",
+    Annotated[
+        list["StringTensorDataItem"],
+        Field(description='TensorData of a BYTES tensor; its leaves are strings (UTF-8 on the wire).'),
+    ],
+)
+
+
+StringTensorDataItem = TypeAliasType(
+    "StringTensorDataItem",
+    Annotated[
+        StringTensorData | str,
+        Field(description='An element of StringTensorData, a deeper level or a leaf (see TensorDataItem).'),
+    ],
+)
+
+
 TensorDataItem = TypeAliasType(
     "TensorDataItem",
     Annotated[
@@ -551,9 +635,9 @@ TensorDataItem = TypeAliasType(
 
 
 class RequestInput(OipModel):
-    name: Annotated[str, Field(description='Input name, as declared by the model.')]
+    name: Annotated[str, Field(description='Input name, as declared by the model.', min_length=1)]
     shape: Annotated[
-        list[int], Field(description='Dimensions of this tensor, batch included; no dimension is negative.')
+        list[ShapeItem1], Field(description='Dimensions of this tensor, batch included; no dimension is negative.')
     ]
     datatype: Datatype
     parameters: InferInputParameters | None = None
@@ -572,7 +656,7 @@ class InferenceRequest(OipModel):
 class ResponseOutput(OipModel):
     name: Annotated[str, Field(description='Output name.')]
     shape: Annotated[
-        list[int], Field(description='Dimensions of this tensor, batch included; no dimension is negative.')
+        list[ShapeItem1], Field(description='Dimensions of this tensor, batch included; no dimension is negative.')
     ]
     datatype: Datatype
     parameters: InferOutputParameters | None = None

@@ -127,6 +127,8 @@ def _check_shape(shape: Any, name: str) -> tuple[tuple[int, ...], int]:
     dims = list(shape)
     count = 1
     for i, dim in enumerate(dims):
+        if isinstance(dim, float) and dim.is_integer():  # JSON has one number type: 16.0 is 16
+            dim = int(dim)
         if isinstance(dim, _BOOLS) or not isinstance(dim, _INTS):
             _fail(name, f"shape {_shape_text(dims)} is invalid: dimension {i} is {dim!r}, not an integer")
         if not 0 <= dim <= _MAX_DIM:

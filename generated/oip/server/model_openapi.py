@@ -39,30 +39,32 @@ INFER_ENDPOINTS: Final[tuple[tuple[str, str, str, str, str, str], ...]] = tuple(
 )
 _SCHEMAS: Final = "#/components/schemas/"
 _JSON: Final = "application/json"
-# The last document `model_document` made, by what it was made from (one entry).
-_LAST: Final[dict[tuple[tuple[str, bytes], ...], dict[str, Any]]] = {}
+# The last document `model_document` made: its base, what it was made from, and the document (one entry).
+_LAST: Final[list[tuple[dict[str, Any], tuple[tuple[str, bytes], ...], dict[str, Any]]]] = []
 
 
-def model_document(models: Iterable[tuple[str, pb.ModelMetadataResponse]]) -> dict[str, Any]:
-    """`DOCUMENT` with each model's own inference: for every (version, metadata) of `models` (version "": the one
-    the server picks), the inference paths of the spec made concrete for that model (and version), whose request
-    and answer schemas narrow the spec's to the model's tensors: names, datatypes, shapes (-1: any size), element
-    counts and ranges, and one tag per model. `DOCUMENT` itself is never changed; with no models it is returned.
+def model_document(
+    models: Iterable[tuple[str, pb.ModelMetadataResponse]], base: dict[str, Any] = DOCUMENT
+) -> dict[str, Any]:
+    """`base` (`DOCUMENT`, or the part of it a server publishes) with each model's own inference: for every
+    (version, metadata) of `models` (version "": the one the server picks), the inference paths of `base` made
+    concrete for that model (and version), whose request and answer schemas narrow the spec's to the model's
+    tensors: names, datatypes, shapes (-1: any size), element counts and ranges, and one tag per model; every
+    status and header as `base` has it. `base` itself is never changed; with no models it is returned.
 
-    The last document is kept and returned again (the same object: read it, do not change it) while the models'
-    metadata is the same, so that asking again costs no more than comparing the metadata."""
+    The last document is kept and returned again (the same object: read it, do not change it) while the base and
+    the models' metadata are the same, so that asking again costs no more than comparing the metadata."""
     given = list(models)
     if not given:
-        return DOCUMENT
+        return base
     made_from = tuple((version, metadata.SerializeToString(deterministic=True)) for version, metadata in given)
-    last = _LAST.get(made_from)
-    if last is not None:
-        return last
-    doc = dict(DOCUMENT)
-    paths = doc["paths"] = dict(DOCUMENT.get("paths", {}))
-    components = doc["components"] = dict(DOCUMENT.get("components", {}))
+    if _LAST and _LAST[0][0] is base and _LAST[0][1] == made_from:
+        return _LAST[0][2]
+    doc = dict(base)
+    paths = doc["paths"] = dict(base.get("paths", {}))
+    components = doc["components"] = dict(base.get("components", {}))
     schemas = components["schemas"] = dict(components.get("schemas", {}))
-    tags = doc["tags"] = list(DOCUMENT.get("tags", []))
+    tags = doc["tags"] = list(base.get("tags", []))
     tagged: set[str] = set()
     for version, metadata in given:
         name = metadata.name
@@ -76,18 +78,17 @@ def model_document(models: Iterable[tuple[str, pb.ModelMetadataResponse]]) -> di
             concrete = path
             for var, value in values.items():
                 concrete = concrete.replace("{" + var + "}", quote(value, safe=""))
-            base = DOCUMENT["paths"][path][method]
-            if concrete in paths or not isinstance(base, dict):
+            spec_operation = base.get("paths", {}).get(path, {}).get(method)
+            if concrete in paths or not isinstance(spec_operation, dict):
                 continue
             schemas[request] = _request_schema(metadata, body, about)
             schemas[answer] = _answer_schema(metadata, version, response, about)
-            paths[concrete] = {method: _operation(base, set(values), request, answer, name, version)}
+            paths[concrete] = {method: _operation(spec_operation, set(values), request, answer, name, version)}
         tag = f"model {name}"
         if tag not in tagged:
             tagged.add(tag)
             tags.append({"name": tag, "description": _about(metadata, "")})
-    _LAST.clear()
-    _LAST[made_from] = doc
+    _LAST[:] = [(base, made_from, doc)]
     return doc
 
 

@@ -345,7 +345,7 @@ class SharedMemory:
         try:
             fd = os.open(path, flags)
         except FileNotFoundError:
-            raise InvalidRequest(f"unable to open shared memory region: '{key}' does not exist") from None
+            raise NotFound(f"unable to open shared memory region: '{key}' does not exist") from None
         except OSError as exc:
             raise InvalidRequest(f"unable to open shared memory region: '{key}': {exc.strerror}") from None
         try:  # the descriptor lives only while the object is checked and mapped

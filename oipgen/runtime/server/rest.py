@@ -101,9 +101,10 @@ class OipApp(FastAPI):
     fast_routes: tuple[tuple[str, re.Pattern[str], Handler], ...] = ()
     # Told about every answered request (metrics, access log): scope, status, bytes sent, start (perf_counter_ns).
     observe: Callable[[Scope, int, int, int], None] | None = None
+    document: dict[str, Any] = DOCUMENT
 
     def openapi(self) -> dict[str, Any]:
-        return DOCUMENT
+        return self.document
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         observe = self.observe
@@ -162,9 +163,10 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     )
     app.state.dataplane = dataplane
     app.state.settings = settings
+    app.document = published_document(settings.extensions)
 
     async def openapi_json(request: Request) -> Response:
-        document = await openapi_document(dataplane)
+        document = await openapi_document(dataplane, app.document)
         return Response(orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS), media_type=_JSON)
 
     async def docs(request: Request) -> Response:
@@ -208,24 +210,25 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     return app
 
 
-async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
-    """The OpenAPI document of this moment: the spec's, with the inference of every ready model version (and of
-    each ready model at the version the server picks) from its metadata (`model_openapi.model_document`). The ready
-    models come from the data plane's repository (with the model repository extension off too), else from its
-    repository index; a data plane with neither publishes the spec's document alone."""
+async def openapi_document(dataplane: DataPlaneBase, base: dict[str, Any] = DOCUMENT) -> dict[str, Any]:
+    """The OpenAPI document of this moment: `base` (the spec's document as this server publishes it,
+    `published_document`), with the inference of every ready model version (and of each ready model at the version
+    the server picks) from its metadata (`model_openapi.model_document`). The ready models come from the data
+    plane's repository (with the model repository extension off too), else from its repository index; a data plane
+    with neither publishes `base` alone."""
     repository = getattr(dataplane, "repository", None)
     if _MODEL_METADATA_REQUEST is None:
-        return DOCUMENT
+        return base
     if isinstance(repository, ModelRepository):
         ready = [(status.name, status.version) for status in repository.index(ready_only=True)]
     elif _REPOSITORY_INDEX_REQUEST is None:
-        return DOCUMENT
+        return base
     else:
         index_request: Any = _REPOSITORY_INDEX_REQUEST(ready=True)
         try:
             index = await dataplane.repository_index(index_request)
         except OipError:
-            return DOCUMENT
+            return base
         ready = [(entry.name, entry.version) for entry in index.models]
     versions: dict[str, list[str]] = {}
     for name, version in ready:
@@ -239,7 +242,7 @@ async def openapi_document(dataplane: DataPlaneBase) -> dict[str, Any]:
             except OipError:  # unloaded meanwhile
                 continue
     # Made in a worker thread: a first document over many models takes a while, and inference must not wait.
-    return await asyncio.to_thread(model_document, models)
+    return await asyncio.to_thread(model_document, models, base)
 
 
 def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int], None] | None:
@@ -267,6 +270,25 @@ def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int]
             )
 
     return observe
+
+
+def published_document(extensions: list[str] | None) -> dict[str, Any]:
+    """The spec's document as this server serves it: without the operations (and tags) of the extensions that
+    are not enabled (tags with `x-oip-extension: true`, named as the extension), which answer 501."""
+    if extensions is None:  # every extension
+        return DOCUMENT
+    off = {tag["name"] for tag in DOCUMENT.get("tags", [])
+           if tag.get("x-oip-extension") and tag["name"] not in extensions}
+    if not off:
+        return DOCUMENT
+    paths: dict[str, Any] = {}
+    for path, item in DOCUMENT.get("paths", {}).items():
+        kept = {key: op for key, op in item.items()
+                if not (isinstance(op, dict) and off.intersection(op.get("tags", ())))}
+        if any(isinstance(op, dict) and "responses" in op for op in kept.values()):
+            paths[path] = kept
+    tags = [tag for tag in DOCUMENT.get("tags", []) if tag["name"] not in off]
+    return {**DOCUMENT, "tags": tags, "paths": paths}
 
 
 def _route_order(endpoint: Endpoint | RestOnlyEndpoint) -> list[tuple[bool, str]]:
@@ -403,7 +425,7 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
                 else:
                     body = _parse_json(raw, "the request body")
             try:
-                message = convert.request_to_proto(endpoint.operation, body, path=fields)
+                message = convert.request_to_proto(endpoint.operation, body, path=fields, strict=True)
             except (ValueError, TypeError, AttributeError, KeyError) as exc:  # the body does not fit the schema
                 raise InvalidRequest(f"invalid request body: {exc}") from None
             reply = await call(message)
