@@ -2,709 +2,153 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""The gRPC transport: a grpc.aio servicer of `inference.GRPCInferenceService` with one method per RPC of the spec.
+"""The gRPC transport: the servicer of `inference.GRPCInferenceService`, one method per RPC of the spec.
 
-Methods only decode, call the data plane and encode; every rule of the protocol lives in the data plane.
-- Ordinary RPCs hand their request message to the data plane and return its reply.
-- Inference decodes typed `contents` (`codec.from_contents_message`, which refuses a field that does not
-  belong to the datatype) or `raw_input_contents` (zero-copy `codec.from_raw`; entry i belongs to the i-th
-  input without contents, and a request may not use both forms) and answers in `raw_output_contents` only,
-  one entry per output, as Triton does.
-- A data plane error maps to its status code (`errors.GRPC_CODE`); anything unexpected is INTERNAL, logged
-  here and never sent with a traceback. Messages over `Settings.max_request_bytes` are RESOURCE_EXHAUSTED.
+What the spec decides is here: the service, its RPCs (`RPCS`), the inference messages (`INFER`) and the methods;
+how each method decodes, calls the data plane, encodes and maps errors is `grpc_servicer`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
-from typing import Any, Final, NoReturn, TypeAlias, TypeVar, cast
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final, cast
 
 import grpc
-import grpc.aio
-from google.protobuf.message import DecodeError, Message
 
-from .. import codec, convert, extensions
 from ..grpc import model_config_pb2 as pb_model_config
 from ..grpc import grpc_service_pb2 as pb_grpc_service
-from ..grpc import grpc_service_pb2_grpc, wire
+from ..grpc import grpc_service_pb2_grpc
+from . import grpc_servicer
 from .dataplane_base import DataPlaneBase
-from .errors import GRPC_CODE, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, bounded
-from .grpc_threads import NOT_HERE, threaded_server
+from .grpc_servicer import Context, InferCodec, Observe, Rpc, ServicerBase, once
 from .settings import Settings
-from .tracing import carrier
-from .streaming import StreamError, final_response
-from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
-__all__ = ["SERVICE", "Servicer", "create_grpc_server", "decode_infer_request", "encode_infer_response", "method_handlers"]
+__all__ = ["INFER", "RPCS", "SERVICE", "Servicer", "create_grpc_server", "decode_infer_request",
+           "encode_infer_response", "method_handlers"]
 
-log = logging.getLogger(__name__)
-access_log = logging.getLogger("oip.access")
+SERVICE: Final = 'inference.GRPCInferenceService'
+# The inference messages: the answer's type, the parameters maps' value type, the raw contents' field numbers.
+INFER: Final = InferCodec(
+    pb_grpc_service.ModelInferResponse,
+    param_type='inference.InferParameter',
+    raw_input_field=7,
+    raw_output_field=6,
+)
+RPCS: Final = (
+    Rpc('ServerLive', pb_grpc_service.ServerLiveRequest, pb_grpc_service.ServerLiveResponse),
+    Rpc('ServerReady', pb_grpc_service.ServerReadyRequest, pb_grpc_service.ServerReadyResponse),
+    Rpc('ModelReady', pb_grpc_service.ModelReadyRequest, pb_grpc_service.ModelReadyResponse),
+    Rpc('ServerMetadata', pb_grpc_service.ServerMetadataRequest, pb_grpc_service.ServerMetadataResponse),
+    Rpc('ModelMetadata', pb_grpc_service.ModelMetadataRequest, pb_grpc_service.ModelMetadataResponse),
+    Rpc('ModelInfer', pb_grpc_service.ModelInferRequest, pb_grpc_service.ModelInferResponse, inference=True),
+    Rpc('ModelStreamInfer', pb_grpc_service.ModelInferRequest, pb_grpc_service.ModelStreamInferResponse, client_streaming=True, server_streaming=True, inference=True, stream_response_field='infer_response', stream_error_field='error_message'),
+    Rpc('ModelConfig', pb_grpc_service.ModelConfigRequest, pb_grpc_service.ModelConfigResponse),
+    Rpc('ModelStatistics', pb_grpc_service.ModelStatisticsRequest, pb_grpc_service.ModelStatisticsResponse),
+    Rpc('RepositoryIndex', pb_grpc_service.RepositoryIndexRequest, pb_grpc_service.RepositoryIndexResponse),
+    Rpc('RepositoryModelLoad', pb_grpc_service.RepositoryModelLoadRequest, pb_grpc_service.RepositoryModelLoadResponse),
+    Rpc('RepositoryModelUnload', pb_grpc_service.RepositoryModelUnloadRequest, pb_grpc_service.RepositoryModelUnloadResponse),
+    Rpc('SystemSharedMemoryStatus', pb_grpc_service.SystemSharedMemoryStatusRequest, pb_grpc_service.SystemSharedMemoryStatusResponse),
+    Rpc('SystemSharedMemoryRegister', pb_grpc_service.SystemSharedMemoryRegisterRequest, pb_grpc_service.SystemSharedMemoryRegisterResponse),
+    Rpc('SystemSharedMemoryUnregister', pb_grpc_service.SystemSharedMemoryUnregisterRequest, pb_grpc_service.SystemSharedMemoryUnregisterResponse),
+    Rpc('CudaSharedMemoryStatus', pb_grpc_service.CudaSharedMemoryStatusRequest, pb_grpc_service.CudaSharedMemoryStatusResponse),
+    Rpc('CudaSharedMemoryRegister', pb_grpc_service.CudaSharedMemoryRegisterRequest, pb_grpc_service.CudaSharedMemoryRegisterResponse),
+    Rpc('CudaSharedMemoryUnregister', pb_grpc_service.CudaSharedMemoryUnregisterRequest, pb_grpc_service.CudaSharedMemoryUnregisterResponse),
+)
+_RPC: Final = {rpc.name: rpc for rpc in RPCS}
 
-_T = TypeVar("_T")
-_M = TypeVar("_M", bound=Message)
-Context: TypeAlias = "grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]"
-_SHARED_MEMORY: Final = extensions.SHARED_MEMORY_REGION  # input parameters: data held by the shared memory extension
-# The value of every parameters map of inference messages.
-_PARAM_TYPE: Final = 'inference.InferParameter'
-# Inference messages at least this large keep their raw tensor bytes out of the protobuf message: the request's
-# are read as views of the received bytes, the response's are written after the serialized rest (no copies).
-_BIG: Final = 1 << 16
-_RAW_INPUT_FIELD: Final = 7
-_RAW_OUTPUT_FIELD: Final = 6
+decode_infer_request = INFER.decode_request
+encode_infer_response = INFER.encode_response
 
 
 def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.Server:
-    """The gRPC server answering every RPC of the service from `dataplane` (see `grpc_threads`: grpcio's thread
-    pool server; unary inference on a model that allows it runs wholly in the gRPC thread, everything else as the
-    servicer's coroutines on this event loop); bind it with `add_insecure_port`. Call from the event loop.
+    """The gRPC server answering every RPC of the service from `dataplane` (`grpc_servicer.create_server`)."""
+    return grpc_servicer.create_server(Servicer(dataplane, settings))
 
-    Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), and a port
-    already in use is an error rather than shared, unless `settings.reuse_port` (the workers of `--workers N`).
-    """
-    limit = settings.max_request_bytes
-    metrics = getattr(dataplane, "metrics", None) if settings.metrics else None
-    observe = _observer(metrics, settings.access_log)
-    handlers = method_handlers(Servicer(dataplane, settings), observe)
-    fast = {
-        'ModelInfer': _in_thread(dataplane, settings, 'ModelInfer', observe),
-    }
-    options = [
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-        ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
-    ]
-    return threaded_server(SERVICE, handlers, fast, asyncio.get_running_loop(), settings.grpc_threads, options)
 
+def method_handlers(servicer: Servicer, observe: Observe | None = None) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """The servicer's methods by RPC name, as grpc handlers (`grpc_servicer.method_handlers`)."""
+    return grpc_servicer.method_handlers(servicer, observe)
 
-def _in_thread(
-    dataplane: DataPlaneBase, settings: Settings, rpc: str, observe: Observe | None
-) -> Callable[[Any, grpc.ServicerContext], Any]:
-    """Unary inference wholly in the gRPC thread, for a model that allows it (`Pipeline.runs_in_thread`): the same
-    decoding, pipeline, encoding and errors as the servicer's way; NOT_HERE for any other request."""
-    pipeline = getattr(dataplane, "pipeline", None)
 
-    def infer(request: Any, context: grpc.ServicerContext) -> Any:
-        if pipeline is None or isinstance(request, _Malformed):
-            return NOT_HERE
-        wire = request if isinstance(request, _InferWire) else None
-        message = wire.message if wire is not None else request
-        if not pipeline.runs_in_thread(message.model_name, message.model_version):
-            return NOT_HERE
-        start, code, sent = time.perf_counter_ns(), "OK", 0
-        try:
-            infer_request = decode_infer_request(message, settings, wire.raw if wire is not None else None)
-            infer_request.transport = "grpc"
-            if settings.tracing:
-                infer_request.trace = carrier(_metadata(context).get)
-            reply = _encode_infer_wire(pipeline.infer_in_thread(infer_request))
-            if observe is not None:
-                sent = _size(reply)
-            return reply
-        except Exception as exc:
-            status, details = _status(exc)
-            code = str(status.name)
-            context.abort(status, details)
-        finally:
-            if observe is not None:
-                observe(rpc, code, start, request, sent)
-
-    return infer
-
-
-SERVICE: Final = 'inference.GRPCInferenceService'
-
-
-def method_handlers(
-    servicer: Servicer, observe: Observe | None = None
-) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    """The servicer's methods by RPC name, as grpc handlers. Unlike protoc's registration
-    (`add_GRPCInferenceServiceServicer_to_server`), a request that does not parse as its message is answered
-    INVALID_ARGUMENT by the servicer rather than UNKNOWN by grpc."""
-    return {
-        'ServerLive': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ServerLive), 'ServerLive', observe),
-            request_deserializer=_parser(pb_grpc_service.ServerLiveRequest),
-            response_serializer=pb_grpc_service.ServerLiveResponse.SerializeToString,
-        ),
-        'ServerReady': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ServerReady), 'ServerReady', observe),
-            request_deserializer=_parser(pb_grpc_service.ServerReadyRequest),
-            response_serializer=pb_grpc_service.ServerReadyResponse.SerializeToString,
-        ),
-        'ModelReady': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ModelReady), 'ModelReady', observe),
-            request_deserializer=_parser(pb_grpc_service.ModelReadyRequest),
-            response_serializer=pb_grpc_service.ModelReadyResponse.SerializeToString,
-        ),
-        'ServerMetadata': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ServerMetadata), 'ServerMetadata', observe),
-            request_deserializer=_parser(pb_grpc_service.ServerMetadataRequest),
-            response_serializer=pb_grpc_service.ServerMetadataResponse.SerializeToString,
-        ),
-        'ModelMetadata': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ModelMetadata), 'ModelMetadata', observe),
-            request_deserializer=_parser(pb_grpc_service.ModelMetadataRequest),
-            response_serializer=pb_grpc_service.ModelMetadataResponse.SerializeToString,
-        ),
-        'ModelInfer': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ModelInfer), 'ModelInfer', observe),
-            request_deserializer=_infer_parser(pb_grpc_service.ModelInferRequest),
-            response_serializer=_infer_serializer,
-        ),
-        'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
-            _observed_stream_stream(_guard_stream_stream(servicer.ModelStreamInfer), 'ModelStreamInfer', observe),
-            request_deserializer=_parser(pb_grpc_service.ModelInferRequest),
-            response_serializer=pb_grpc_service.ModelStreamInferResponse.SerializeToString,
-        ),
-        'ModelConfig': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ModelConfig), 'ModelConfig', observe),
-            request_deserializer=_parser(pb_grpc_service.ModelConfigRequest),
-            response_serializer=pb_grpc_service.ModelConfigResponse.SerializeToString,
-        ),
-        'ModelStatistics': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.ModelStatistics), 'ModelStatistics', observe),
-            request_deserializer=_parser(pb_grpc_service.ModelStatisticsRequest),
-            response_serializer=pb_grpc_service.ModelStatisticsResponse.SerializeToString,
-        ),
-        'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.RepositoryIndex), 'RepositoryIndex', observe),
-            request_deserializer=_parser(pb_grpc_service.RepositoryIndexRequest),
-            response_serializer=pb_grpc_service.RepositoryIndexResponse.SerializeToString,
-        ),
-        'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.RepositoryModelLoad), 'RepositoryModelLoad', observe),
-            request_deserializer=_parser(pb_grpc_service.RepositoryModelLoadRequest),
-            response_serializer=pb_grpc_service.RepositoryModelLoadResponse.SerializeToString,
-        ),
-        'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.RepositoryModelUnload), 'RepositoryModelUnload', observe),
-            request_deserializer=_parser(pb_grpc_service.RepositoryModelUnloadRequest),
-            response_serializer=pb_grpc_service.RepositoryModelUnloadResponse.SerializeToString,
-        ),
-        'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.SystemSharedMemoryStatus), 'SystemSharedMemoryStatus', observe),
-            request_deserializer=_parser(pb_grpc_service.SystemSharedMemoryStatusRequest),
-            response_serializer=pb_grpc_service.SystemSharedMemoryStatusResponse.SerializeToString,
-        ),
-        'SystemSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.SystemSharedMemoryRegister), 'SystemSharedMemoryRegister', observe),
-            request_deserializer=_parser(pb_grpc_service.SystemSharedMemoryRegisterRequest),
-            response_serializer=pb_grpc_service.SystemSharedMemoryRegisterResponse.SerializeToString,
-        ),
-        'SystemSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.SystemSharedMemoryUnregister), 'SystemSharedMemoryUnregister', observe),
-            request_deserializer=_parser(pb_grpc_service.SystemSharedMemoryUnregisterRequest),
-            response_serializer=pb_grpc_service.SystemSharedMemoryUnregisterResponse.SerializeToString,
-        ),
-        'CudaSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.CudaSharedMemoryStatus), 'CudaSharedMemoryStatus', observe),
-            request_deserializer=_parser(pb_grpc_service.CudaSharedMemoryStatusRequest),
-            response_serializer=pb_grpc_service.CudaSharedMemoryStatusResponse.SerializeToString,
-        ),
-        'CudaSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.CudaSharedMemoryRegister), 'CudaSharedMemoryRegister', observe),
-            request_deserializer=_parser(pb_grpc_service.CudaSharedMemoryRegisterRequest),
-            response_serializer=pb_grpc_service.CudaSharedMemoryRegisterResponse.SerializeToString,
-        ),
-        'CudaSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
-            _observed_unary_unary(_guard_unary_unary(servicer.CudaSharedMemoryUnregister), 'CudaSharedMemoryUnregister', observe),
-            request_deserializer=_parser(pb_grpc_service.CudaSharedMemoryUnregisterRequest),
-            response_serializer=pb_grpc_service.CudaSharedMemoryUnregisterResponse.SerializeToString,
-        ),
-    }
-
-
-class _Malformed:
-    """What a request deserializes to when its bytes are not the message: the servicer refuses it."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
-def _parser(message_type: type[_M]) -> Callable[[bytes], _M | _Malformed]:
-    def parse(data: bytes) -> _M | _Malformed:
-        try:
-            return message_type.FromString(data)
-        except DecodeError as exc:
-            return _Malformed(f"the request is not a valid {message_type.DESCRIPTOR.full_name}: {exc}")
-
-    return parse
-
-
-class _InferWire:
-    """A large inference request: the message without its raw_input_contents, which are views of the bytes
-    received (entries in order), so that the tensors are never copied out of them."""
-
-    __slots__ = ("message", "raw")
-
-    def __init__(self, message: Any, raw: list[memoryview]) -> None:
-        self.message = message
-        self.raw = raw
-
-
-def _infer_parser(message_type: type[_M]) -> Callable[[bytes], _M | _Malformed | _InferWire]:
-    plain = _parser(message_type)
-
-    def parse(data: bytes) -> _M | _Malformed | _InferWire:
-        if len(data) < _BIG:
-            return plain(data)
-        try:
-            rest, raw = wire.split_field(data, _RAW_INPUT_FIELD)
-        except (ValueError, IndexError):  # not well-formed: protobuf says why
-            return plain(data)
-        message = plain(rest)
-        return _InferWire(message, raw) if raw and not isinstance(message, _Malformed) else message
-
-    return parse
-
-
-def _infer_serializer(reply: Any) -> bytes:
-    return reply if isinstance(reply, bytes) else bytes(reply.SerializeToString())
-
-
-async def _checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-    async for request in requests:
-        if isinstance(request, _Malformed):
-            await _abort(context, InvalidRequest(request.message))
-        yield request
-
-
-# Told about every answered call (metrics, access log): RPC name, code's name, start (perf_counter_ns), request,
-# bytes sent.
-Observe: TypeAlias = Callable[[str, str, int, Any, int], None]
-
-
-def _observer(metrics: Any, log_access: bool) -> Observe | None:
-    """What counts and logs each answered call (None when neither is on)."""
-    if metrics is None and not log_access:
-        return None
-
-    def observe(rpc: str, code: str, start: int, request: Any, sent: int) -> None:
-        if metrics is not None:
-            metrics.count("grpc", rpc, code)
-        if log_access:
-            duration_ms = (time.perf_counter_ns() - start) / 1e6
-            received = _size(request)
-            access_log.info(
-                '"%s/%s" %s %.3f ms %d bytes in, %d bytes out', SERVICE, rpc, code, duration_ms, received, sent,
-                extra={"access": {
-                    "transport": "grpc", "operation": rpc, "status": code, "duration_ms": round(duration_ms, 3),
-                    "request_bytes": received, "response_bytes": sent,
-                }},
-            )
-
-    return observe
-
-
-def _size(item: Any) -> int:
-    """The serialized size of a request or reply (raw tensor bytes included)."""
-    if isinstance(item, bytes | memoryview):
-        return len(item)
-    if isinstance(item, _InferWire):
-        return int(item.message.ByteSize()) + sum(entry.nbytes for entry in item.raw)
-    if isinstance(item, Message):
-        return int(item.ByteSize())
-    return 0
-
-
-def _code(context: Context, exc: BaseException | None) -> str:
-    if isinstance(exc, asyncio.CancelledError):
-        return "CANCELLED"
-    code = context.code() if hasattr(context, "code") else None
-    if isinstance(code, grpc.StatusCode):
-        return str(code.name)
-    return "UNKNOWN" if exc is not None else "OK"
-
-
-def _observed_unary_unary(method: Callable[[Any, Context], Awaitable[Any]], rpc: str,
-                          observe: Observe | None) -> Callable[[Any, Context], Awaitable[Any]]:
-    if observe is None:
-        return method
-
-    async def observed(request: Any, context: Context) -> Any:
-        start, failure, sent = time.perf_counter_ns(), None, 0
-        try:
-            reply = await method(request, context)
-            sent = _size(reply)
-            return reply
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            observe(rpc, _code(context, failure), start, request, sent)
-
-    return observed
-
-
-def _observed_stream(method: Callable[[Any, Context], AsyncIterator[Any]], rpc: str,
-                     observe: Observe | None) -> Callable[[Any, Context], AsyncIterator[Any]]:
-    if observe is None:
-        return method
-
-    async def observed(request: Any, context: Context) -> AsyncIterator[Any]:
-        start, failure, sent = time.perf_counter_ns(), None, 0
-        try:
-            async for reply in method(request, context):
-                sent += _size(reply)
-                yield reply
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            observe(rpc, _code(context, failure), start, None, sent)
-
-    return observed
-
-
-_observed_unary_stream = _observed_stream
-_observed_stream_stream = _observed_stream
-_observed_stream_unary = _observed_unary_unary
-
-
-def _metadata(context: Context) -> dict[str, str]:
-    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
-
-
-def _guard_unary_unary(method: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Awaitable[Any]]:
-    async def guarded(request: Any, context: Context) -> Any:
-        if isinstance(request, _Malformed):
-            await _abort(context, InvalidRequest(request.message))
-        return await method(request, context)
-
-    return guarded
-
-
-def _guard_unary_stream(method: Callable[[Any, Context], AsyncIterator[Any]]) -> Callable[[Any, Context], AsyncIterator[Any]]:
-    async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
-        if isinstance(request, _Malformed):
-            await _abort(context, InvalidRequest(request.message))
-        async for reply in method(request, context):
-            yield reply
-
-    return guarded
-
-
-def _guard_stream_unary(method: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Awaitable[Any]]:
-    async def guarded(requests: Any, context: Context) -> Any:
-        return await method(_checked(_aiter(requests), context), context)
-
-    return guarded
-
-
-def _guard_stream_stream(method: Callable[[Any, Context], AsyncIterator[Any]]) -> Callable[[Any, Context], AsyncIterator[Any]]:
-    async def guarded(requests: Any, context: Context) -> AsyncIterator[Any]:
-        async for reply in method(_checked(_aiter(requests), context), context):
-            yield reply
-
-    return guarded
-
-
-def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, OipError):
-        return GRPC_CODE[exc.kind], exc.message
-    if isinstance(exc, codec.CodecError):
-        return GRPC_CODE[ErrorKind.INVALID_ARGUMENT], bounded(str(exc))
-    log.error("unexpected error answering a gRPC request", exc_info=exc)
-    return GRPC_CODE[ErrorKind.MODEL_FAILURE], f"internal server error ({type(exc).__name__})"
-
-
-async def _abort(context: Context, exc: BaseException) -> NoReturn:
-    if isinstance(exc, grpc.aio.AbortError):  # aborted already (a malformed request in a stream)
-        raise exc
-    code, message = _status(exc)
-    await cast("grpc.aio.ServicerContext[Any, Any]", context).abort(code, message)
-
-
-async def _once(item: _T) -> AsyncIterator[_T]:
-    yield item
-
-
-async def _aiter(source: Iterator[_T] | AsyncIterator[_T]) -> AsyncIterator[_T]:
-    if isinstance(source, AsyncIterator):
-        async for item in source:
-            yield item
-    else:
-        for item in source:
-            yield item
-
-
-class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
+class Servicer(ServicerBase, grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of `inference.GRPCInferenceService`, answered by the data plane."""
 
-    def __init__(self, dataplane: DataPlaneBase, settings: Settings) -> None:
-        self.dataplane = dataplane
-        self.settings = settings
+    service = SERVICE
+    rpcs = RPCS
+    infer = INFER
 
     async def ServerLive(self, request: pb_grpc_service.ServerLiveRequest, context: Context) -> pb_grpc_service.ServerLiveResponse:
         """Liveness: whether the server process can take requests at all."""
-        try:
-            return await self.dataplane.server_live(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.server_live, request, context)
 
     async def ServerReady(self, request: pb_grpc_service.ServerReadyRequest, context: Context) -> pb_grpc_service.ServerReadyResponse:
         """Readiness: whether the server is ready to run inference."""
-        try:
-            return await self.dataplane.server_ready(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.server_ready, request, context)
 
     async def ModelReady(self, request: pb_grpc_service.ModelReadyRequest, context: Context) -> pb_grpc_service.ModelReadyResponse:
         """Readiness of one model (and optionally one version of it)."""
-        try:
-            return await self.dataplane.model_ready(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.model_ready, request, context)
 
     async def ServerMetadata(self, request: pb_grpc_service.ServerMetadataRequest, context: Context) -> pb_grpc_service.ServerMetadataResponse:
         """Name, version and enabled extensions of the server."""
-        try:
-            return await self.dataplane.server_metadata(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.server_metadata, request, context)
 
     async def ModelMetadata(self, request: pb_grpc_service.ModelMetadataRequest, context: Context) -> pb_grpc_service.ModelMetadataResponse:
         """Tensors, versions and platform of one model."""
-        try:
-            return await self.dataplane.model_metadata(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.model_metadata, request, context)
 
     async def ModelInfer(self, request: pb_grpc_service.ModelInferRequest, context: Context) -> pb_grpc_service.ModelInferResponse:
         """Run one inference request and return its result."""
-        try:
-            if isinstance(request, _InferWire):
-                infer_request = decode_infer_request(request.message, self.settings, request.raw)
-            else:
-                infer_request = decode_infer_request(request, self.settings)
-            infer_request.transport = "grpc"
-            if self.settings.tracing:
-                infer_request.trace = carrier(_metadata(context).get)
-            return _encode_infer_wire(await self.dataplane.model_infer(infer_request))  # type: ignore[return-value]
-        except Exception as exc:
-            await _abort(context, exc)
+        # Large answers come as their serialized bytes, which the method's serializer passes through.
+        return cast(pb_grpc_service.ModelInferResponse, await self.infer_call(self.dataplane.model_infer, request, context))
 
     async def ModelStreamInfer(
         self, request_iterator: Iterator[pb_grpc_service.ModelInferRequest] | AsyncIterator[pb_grpc_service.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb_grpc_service.ModelStreamInferResponse]:
         """Bidirectional stream of inference requests and responses. Needed by decoupled models, which may answer a request zero or many times."""
-        settings = self.settings
-
-        trace = carrier(_metadata(context).get) if settings.tracing else None
-
-        async def requests() -> AsyncIterator[InferRequest | Exception]:
-            async for message in _aiter(request_iterator):
-                try:
-                    decoded: InferRequest | Exception = decode_infer_request(message, settings)
-                except (OipError, codec.CodecError) as exc:  # this request fails, the stream goes on
-                    decoded = _request_error(message, exc)
-                if isinstance(decoded, InferRequest):
-                    decoded.transport, decoded.trace = "grpc", trace
-                yield decoded
-
-        try:
-            replies = self.dataplane.model_stream_infer(requests())
-        except Exception as exc:
-            await _abort(context, exc)
-        try:
-            async for reply in replies:
-                wrapped = pb_grpc_service.ModelStreamInferResponse()
-                if not isinstance(reply, Exception):
-                    try:
-                        wrapped.infer_response.CopyFrom(encode_infer_response(reply))
-                    except Exception as exc:
-                        reply = exc
-                if isinstance(reply, Exception):  # the request failed; the stream goes on
-                    wrapped.error_message = reply.message if isinstance(reply, OipError) else _status(reply)[1]
-                    if isinstance(reply, StreamError):  # which request failed: id, model, final flag
-                        wrapped.infer_response.CopyFrom(encode_infer_response(reply.response))
-                yield wrapped
-        except Exception as exc:
-            await _abort(context, exc)
+        async for reply in self.stream_call(_RPC['ModelStreamInfer'], self.dataplane.model_stream_infer, request_iterator, context):
+            yield reply
 
     async def ModelConfig(self, request: pb_grpc_service.ModelConfigRequest, context: Context) -> pb_grpc_service.ModelConfigResponse:
         """Configuration of one model (model configuration extension)."""
-        try:
-            return await self.dataplane.model_config(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.model_config, request, context)
 
     async def ModelStatistics(self, request: pb_grpc_service.ModelStatisticsRequest, context: Context) -> pb_grpc_service.ModelStatisticsResponse:
         """Cumulative inference statistics (statistics extension)."""
-        try:
-            return await self.dataplane.model_statistics(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.model_statistics, request, context)
 
     async def RepositoryIndex(self, request: pb_grpc_service.RepositoryIndexRequest, context: Context) -> pb_grpc_service.RepositoryIndexResponse:
         """List the models the server knows about (model repository extension)."""
-        try:
-            return await self.dataplane.repository_index(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.repository_index, request, context)
 
     async def RepositoryModelLoad(self, request: pb_grpc_service.RepositoryModelLoadRequest, context: Context) -> pb_grpc_service.RepositoryModelLoadResponse:
         """Load a model, or reload it if already loaded (model repository extension)."""
-        try:
-            return await self.dataplane.repository_model_load(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.repository_model_load, request, context)
 
     async def RepositoryModelUnload(self, request: pb_grpc_service.RepositoryModelUnloadRequest, context: Context) -> pb_grpc_service.RepositoryModelUnloadResponse:
         """Unload a model (model repository extension)."""
-        try:
-            return await self.dataplane.repository_model_unload(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.repository_model_unload, request, context)
 
     async def SystemSharedMemoryStatus(self, request: pb_grpc_service.SystemSharedMemoryStatusRequest, context: Context) -> pb_grpc_service.SystemSharedMemoryStatusResponse:
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
-        try:
-            return await self.dataplane.system_shared_memory_status(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.system_shared_memory_status, request, context)
 
     async def SystemSharedMemoryRegister(self, request: pb_grpc_service.SystemSharedMemoryRegisterRequest, context: Context) -> pb_grpc_service.SystemSharedMemoryRegisterResponse:
         """Register a system shared-memory region for tensor data."""
-        try:
-            return await self.dataplane.system_shared_memory_register(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.system_shared_memory_register, request, context)
 
     async def SystemSharedMemoryUnregister(self, request: pb_grpc_service.SystemSharedMemoryUnregisterRequest, context: Context) -> pb_grpc_service.SystemSharedMemoryUnregisterResponse:
         """Unregister one system shared-memory region, or all of them."""
-        try:
-            return await self.dataplane.system_shared_memory_unregister(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.system_shared_memory_unregister, request, context)
 
     async def CudaSharedMemoryStatus(self, request: pb_grpc_service.CudaSharedMemoryStatusRequest, context: Context) -> pb_grpc_service.CudaSharedMemoryStatusResponse:
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
-        try:
-            return await self.dataplane.cuda_shared_memory_status(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.cuda_shared_memory_status, request, context)
 
     async def CudaSharedMemoryRegister(self, request: pb_grpc_service.CudaSharedMemoryRegisterRequest, context: Context) -> pb_grpc_service.CudaSharedMemoryRegisterResponse:
         """Register a CUDA IPC memory region for tensor data."""
-        try:
-            return await self.dataplane.cuda_shared_memory_register(request)
-        except Exception as exc:
-            await _abort(context, exc)
+        return await self.call(self.dataplane.cuda_shared_memory_register, request, context)
 
     async def CudaSharedMemoryUnregister(self, request: pb_grpc_service.CudaSharedMemoryUnregisterRequest, context: Context) -> pb_grpc_service.CudaSharedMemoryUnregisterResponse:
         """Unregister one CUDA shared-memory region, or all of them."""
-        try:
-            return await self.dataplane.cuda_shared_memory_unregister(request)
-        except Exception as exc:
-            await _abort(context, exc)
-
-
-# --- inference tensors ----------------------------------------------------------------------------------------
-
-
-def _request_error(message: pb_grpc_service.ModelInferRequest, exc: Exception) -> StreamError:
-    """A stream's request that cannot be decoded: its error, with what identifies the request."""
-    error = exc if isinstance(exc, OipError) else InvalidRequest(str(exc))
-    request = InferRequest(model_name=message.model_name, model_version=message.model_version, id=message.id)
-    return StreamError(error, final_response(request))
-
-
-def _params_from_proto(entries: Mapping[str, Any]) -> dict[str, Any]:
-    return convert.params_from_proto(_PARAM_TYPE, entries)
-
-
-def _params_to_proto(params: Mapping[str, Any], target: MutableMapping[str, Any], where: str) -> None:
-    """Fill a parameters map: bool, int (int64, or uint64 above its range), float and str values."""
-    try:
-        convert.params_to_proto(_PARAM_TYPE, params, target)
-    except convert.ConvertError as exc:
-        raise ModelFailure(f"{where} {exc}") from None
-
-
-def decode_infer_request(
-    message: pb_grpc_service.ModelInferRequest, settings: Settings, raw_contents: Sequence[bytes | memoryview] | None = None
-) -> InferRequest:
-    """The data plane's request: tensors decoded from typed contents or raw contents, as numpy arrays.
-    `raw_contents`, when given, stands for the message's raw_input_contents (views of the received bytes)."""
-    raw: Sequence[bytes | memoryview] = message.raw_input_contents if raw_contents is None else raw_contents
-    limit = settings.max_tensor_elements
-    if raw:
-        for tensor in message.inputs:
-            if tensor.HasField("contents"):
-                raise InvalidRequest(
-                    f"input '{tensor.name}': contents must not be set when the request uses raw_input_contents"
-                )
-    inputs: list[Tensor] = []
-    used = 0
-    for tensor in message.inputs:
-        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
-        count = codec.element_count(shape, name=name)
-        if count > limit:
-            raise TooLarge(f"input '{name}': shape {shape} has {count} elements, more than the {limit} allowed per tensor")
-        params = _params_from_proto(tensor.parameters)
-        if tensor.HasField("contents"):
-            data = codec.from_contents_message(tensor.contents, datatype, shape, name=name)
-        elif _SHARED_MEMORY in params:
-            data = None  # the data plane reads it from the region
-        elif used < len(raw):
-            data = codec.from_raw(raw[used], datatype, shape, name=name)
-            used += 1
-        else:
-            raise InvalidRequest(f"input '{name}': no data (neither contents nor a raw_input_contents entry)")
-        inputs.append(Tensor(name, datatype, shape, data, params))
-    if used != len(raw):
-        raise InvalidRequest(
-            f"raw_input_contents has {len(raw)} entries but only {used} inputs take their data from it"
-        )
-    return InferRequest(
-        model_name=message.model_name,
-        model_version=message.model_version,
-        id=message.id,
-        parameters=_params_from_proto(message.parameters),
-        inputs=inputs,
-        outputs=[RequestedOutput(o.name, _params_from_proto(o.parameters)) for o in message.outputs],
-    )
-
-
-def encode_infer_response(response: InferResponse) -> pb_grpc_service.ModelInferResponse:
-    """The gRPC answer: every output's data in `raw_output_contents` (one entry per output, even empty)."""
-    message, raw = _encode_infer_parts(response)
-    message.raw_output_contents.extend(bytes(entry) for entry in raw)
-    return message
-
-
-def _encode_infer_parts(response: InferResponse) -> tuple[pb_grpc_service.ModelInferResponse, list[bytes | memoryview]]:
-    """The answer without its raw_output_contents, and those (views of the outputs' arrays where possible)."""
-    message = pb_grpc_service.ModelInferResponse(
-        model_name=response.model_name, model_version=response.model_version, id=response.id
-    )
-    _params_to_proto(response.parameters, message.parameters, "response")
-    raw: list[bytes | memoryview] = []
-    for tensor in response.outputs:
-        out = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        _params_to_proto(tensor.parameters, out.parameters, f"output '{tensor.name}'")
-        if tensor.data is None:
-            raw.append(b"")
-            continue
-        try:
-            raw.append(codec.to_raw(tensor.data, tensor.datatype, name=tensor.name))
-        except codec.CodecError as exc:
-            raise ModelFailure(str(exc)) from None
-    return message, raw
-
-
-def _encode_infer_wire(response: InferResponse) -> pb_grpc_service.ModelInferResponse | bytes:
-    """The answer of a unary ModelInfer: the message, or for large outputs its serialized form with the raw
-    outputs appended as raw_output_contents entries (the same bytes protobuf would write, one copy fewer)."""
-    message, raw = _encode_infer_parts(response)
-    sizes = [entry.nbytes if isinstance(entry, memoryview) else len(entry) for entry in raw]
-    if sum(sizes) < _BIG:
-        message.raw_output_contents.extend(bytes(entry) for entry in raw)
-        return message
-    return b"".join([message.SerializeToString(), *wire.field_entries(_RAW_OUTPUT_FIELD, raw)])
+        return await self.call(self.dataplane.cuda_shared_memory_unregister, request, context)
