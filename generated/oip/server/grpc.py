@@ -27,8 +27,9 @@ __all__ = ["INFER", "RPCS", "SERVICE", "Servicer", "create_grpc_server", "decode
            "encode_infer_response", "method_handlers"]
 
 SERVICE: Final = 'inference.GRPCInferenceService'
-# The inference messages: the answer's type, the parameters maps' value type, the raw contents' field numbers.
+# The inference messages: their types, the parameters maps' value type, the raw contents' field numbers.
 INFER: Final = InferCodec(
+    pb_grpc_service.ModelInferRequest,
     pb_grpc_service.ModelInferResponse,
     param_type='inference.InferParameter',
     raw_input_field=7,

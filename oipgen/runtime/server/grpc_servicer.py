@@ -85,13 +85,18 @@ class Rpc:
 
 
 class InferCodec(Generic[_R]):
-    """The inference messages: requests to the data plane's tensors, its answers to the response message `_R`.
+    """The inference messages: requests (messages of type `request`) to the data plane's tensors, its answers to
+    the response message `_R`.
 
     `param_type` is the full name of every parameters map's value message; `raw_input_field` and
     `raw_output_field` the field numbers of the request's raw_input_contents and the response's
     raw_output_contents."""
 
-    def __init__(self, response: type[_R], param_type: str, raw_input_field: int, raw_output_field: int) -> None:
+    def __init__(
+        self, request: type[Message], response: type[_R], param_type: str, raw_input_field: int,
+        raw_output_field: int,
+    ) -> None:
+        self.request = request
         self.response = response
         self.param_type = param_type
         self.raw_input_field = raw_input_field
