@@ -78,6 +78,9 @@ TARGET_PARTS: dict[str, tuple[str, ...]] = {
     "deploy": (),  # files beside the package, for the engines that run it; the package does not import them
 }
 PUBLIC = tuple(t for t in TARGETS if t != "package")
+# The runtime's modules at the package's top level belong to `models` (the core part), except these, which the
+# `server` target ships: the conformance runner's engine (it needs httpx and grpc).
+SERVER_TOP_LEVEL: tuple[str, ...] = ("conformance_engine.py",)
 
 
 def resolve(names: list[str]) -> list[str]:
