@@ -13,48 +13,16 @@
   enum names, base64), keeps only the properties the schema ties to its message (plus `rest_only`), lists maps in
   key order, and completes it: the body a gRPC answer converts to.
 
-Errors are `ValueError`s naming the property.
+Errors are `ValueError`s naming the property. The rules are `bodies_base`'s; this module holds the spec's tables.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+
+from .bodies_base import Binding, Bodies, Field, ParamCases
 
 __all__ = ["BINDINGS", "PARAMS", "PARAM_SCHEMAS", "Binding", "Field", "ParamCases", "complete", "read"]
-
-
-@dataclass(frozen=True)
-class Field:
-    prop: str
-    field: str
-    kind: str  # scalar | scalars | enum | enums | bytes | message | messages | message_map | scalar_map | params | tensor
-    schema: str | None
-    required: bool
-    oneof: str | None
-    value: str | None = None  # the JSON type of a scalar (or element, or map value); None for messages
-    default: Any = None  # the proto3 default in REST form
-    enum: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Binding:
-    message: str  # the protobuf message's full name
-    unwrap: str | None
-    unwrap_kind: str | None
-    item_schema: str | None
-    fields: tuple[Field, ...]
-    raw: tuple[str, str] | None
-
-
-@dataclass(frozen=True)
-class ParamCases:
-    oneof: str
-    cases: Mapping[str, str]
-
 
 PARAMS: Final[dict[str, ParamCases]] = {
     'inference.InferParameter': ParamCases('parameter_choice', {'bool': 'bool_param', 'int': 'int64_param', 'str': 'string_param', 'float': 'double_param', 'uint': 'uint64_param'}),
@@ -683,157 +651,6 @@ BINDINGS: Final[dict[str, Binding]] = {
     ),
 }
 
-_RANGES: Final[dict[str, tuple[int, int]]] = {
-    "int32": (-(2**31), 2**31 - 1),
-    "uint32": (0, 2**32 - 1),
-    "int64": (-(2**63), 2**63 - 1),
-    "uint64": (0, 2**64 - 1),
-}
-
-
-# -- completing an answer --------------------------------------------------------------------------------------
-def complete(schema: str, body: Any) -> Any:
-    """Fill in, in place, the properties of `body` (the REST form of `schema`) that hold their default; `body`."""
-    b = BINDINGS[schema]
-    if b.unwrap is None:
-        _complete(b, body)
-    elif b.unwrap_kind == "message":
-        _complete(BINDINGS[b.item_schema or ""], body)
-    else:
-        for item in body:
-            _complete(BINDINGS[b.item_schema or ""], item)
-    return body
-
-
-def _complete(b: Binding, out: Any) -> None:
-    if not isinstance(out, dict):
-        return
-    for f in b.fields:
-        kind = f.kind
-        if kind in ("scalar", "enum", "bytes"):
-            if f.oneof is None and f.prop not in out:
-                out[f.prop] = f.default
-        elif kind in ("scalars", "enums"):
-            out.setdefault(f.prop, [])
-        elif kind in ("scalar_map", "params"):
-            out.setdefault(f.prop, {})
-        elif kind == "message":
-            if f.prop in out:
-                _complete(BINDINGS[f.schema or ""], out[f.prop])
-        elif kind == "messages":
-            for item in out.setdefault(f.prop, []):
-                _complete(BINDINGS[f.schema or ""], item)
-        elif kind == "message_map":
-            for item in out.setdefault(f.prop, {}).values():
-                _complete(BINDINGS[f.schema or ""], item)
-
-
-# -- reading a REST answer -------------------------------------------------------------------------------------
-def read(schema: str, body: Any, rest_only: Mapping[str, Any] | None = None) -> Any:
-    """The answer `body` of `schema` checked, reduced to its schema's properties and completed (see the module's
-    documentation). `rest_only` gives the properties only REST has, where the answer leaves them out."""
-    b = BINDINGS[schema]
-    if b.unwrap is not None:
-        item = BINDINGS[b.item_schema or ""]
-        if b.unwrap_kind == "message":
-            return complete(schema, _read(item, body, schema))
-        entries = [_read(item, entry, schema) for entry in _list(body, schema)]
-        if b.unwrap_kind == "message_map":  # a map on the wire, listed in key order; the key is each entry's name
-            entries.sort(key=lambda entry: str(entry.get("name", "")))
-        return complete(schema, entries)
-    out = _read(b, body, schema)
-    for key, value in (rest_only or {}).items():
-        out[key] = body.get(key, value)
-    return complete(schema, out)
-
-
-def _read(b: Binding, body: Any, where: str) -> dict[str, Any]:
-    if not isinstance(body, Mapping):
-        raise ValueError(f"{where}: expected a JSON object, not {type(body).__name__}")
-    out: dict[str, Any] = {}
-    oneofs: dict[str, str] = {}
-    for f in b.fields:
-        value = body.get(f.prop)
-        if value is None:
-            continue
-        at = f"{where}.{f.prop}"
-        kind = f.kind
-        if kind in ("scalar", "enum", "bytes"):
-            out[f.prop] = _scalar(f, value, at)
-            if f.oneof is not None:  # a oneof holds one member: the last one set, as protobuf does
-                previous = oneofs.get(f.oneof)
-                if previous is not None:
-                    del out[previous]
-                oneofs[f.oneof] = f.prop
-        elif kind in ("scalars", "enums"):
-            out[f.prop] = [_scalar(f, item, at) for item in _list(value, at)]
-        elif kind == "message":
-            out[f.prop] = _read(BINDINGS[f.schema or ""], value, at)
-        elif kind == "messages":
-            out[f.prop] = [_read(BINDINGS[f.schema or ""], item, at) for item in _list(value, at)]
-        elif kind == "message_map":
-            entries = _map(value, at)
-            out[f.prop] = {key: _read(BINDINGS[f.schema or ""], entries[key], f"{at}.{key}") for key in sorted(entries)}
-        elif kind == "scalar_map":
-            entries = _map(value, at)
-            out[f.prop] = {key: _scalar(f, entries[key], f"{at}.{key}") for key in sorted(entries)}
-        elif kind == "params":
-            entries = _map(value, at)
-            allowed = PARAMS[PARAM_SCHEMAS[f.schema or ""]].cases
-            out[f.prop] = {key: _param(entries[key], allowed, f"{at}.{key}") for key in sorted(entries)
-                           if entries[key] is not None}
-        else:  # tensor data: as it came
-            out[f.prop] = value
-    return out
-
-
-def _scalar(f: Field, value: Any, at: str) -> Any:
-    kind = f.value
-    if kind == "enum":
-        if not isinstance(value, str) or value not in f.enum:
-            raise ValueError(f"{at}: {value!r} is not one of {', '.join(f.enum)}")
-        return value
-    if kind == "bytes":
-        if isinstance(value, Mapping):  # {"b64": "..."}, as some REST bodies wrap binary values
-            value = value.get("b64", "")
-        try:
-            return base64.b64encode(base64.b64decode(str(value), validate=True)).decode("ascii")
-        except (ValueError, binascii.Error):
-            raise ValueError(f"{at}: not valid base64") from None
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "str":
-        ok = isinstance(value, str)
-    elif kind == "float":
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    else:
-        low, high = _RANGES[kind or ""]
-        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-    if not ok:
-        raise ValueError(f"{at}: {value!r} is not a valid {kind}")
-    return value
-
-
-def _param(value: Any, allowed: Mapping[str, str], at: str) -> Any:
-    kind = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(value))
-    if kind == "int":
-        if _RANGES["int64"][0] <= value <= _RANGES["int64"][1] and "int" in allowed:
-            return value
-        if 0 <= value <= _RANGES["uint64"][1] and "uint" in allowed:
-            return value
-        raise ValueError(f"{at}: integer {value} is out of range")
-    if kind is None or kind not in allowed:
-        raise ValueError(f"{at}: a {type(value).__name__} value has no form here (allowed: {', '.join(sorted(allowed))})")
-    return value
-
-
-def _list(value: Any, at: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ValueError(f"{at}: expected a JSON array, not {type(value).__name__}")
-    return value
-
-
-def _map(value: Any, at: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{at}: expected a JSON object, not {type(value).__name__}")
-    return value
+_BODIES: Final = Bodies(BINDINGS, PARAMS, PARAM_SCHEMAS)
+complete = _BODIES.complete
+read = _BODIES.read
