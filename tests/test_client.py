@@ -133,7 +133,9 @@ def is_rest(client: Any) -> bool:
 
 
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(member) for name, member in vars(cls).items()
+    """The public methods of a client class, its own and those of its bases (the runtime's machinery)."""
+    members = {name: member for base in reversed(cls.__mro__[:-1]) for name, member in vars(base).items()}
+    return {name: inspect.signature(member) for name, member in members.items()
             if callable(member) and not name.startswith("_")}
 
 

@@ -18,41 +18,17 @@ that are not UTF-8) go binary in any case.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import Any, Final
-from urllib.parse import quote
 
-import httpx
 import orjson
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from .. import models
-from ._shared import (
-    EventReader,
-    Headers,
-    b64,
-    body,
-    event_answer,
-    given,
-    merge,
-    read_answer,
-    validated,
-    validated_list,
-)
-from .propagation import with_trace_context
-from .errors import (
-    DeadlineExceeded,
-    InvalidArgument,
-    OipClientError,
-    ResponseError,
-    Unavailable,
-    Unimplemented,
-    from_http,
-)
+from ._shared import Headers, b64, body, given, merge, read_answer, validated, validated_list
+from .errors import InvalidArgument, ResponseError, Unimplemented, from_http
+from .rest_base import JSON_HEADERS, AsyncRestClientBase, RestClientBase, check, health, json_body, load, q
 from .tensors import (
-    BINARY_EXTENSION,
     HEADER_LENGTH,
     InferRequest,
     InferResult,
@@ -67,10 +43,6 @@ from .tensors import (
 
 __all__ = ["AsyncRestClient", "RestClient"]
 
-_DEFAULT_HEADERS: Final = {"Accept-Encoding": "identity"}  # compressing tensors costs more than it saves on a LAN
-_JSON_HEADERS: Final = {"Content-Type": "application/json"}
-_EVENT_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-_NOT_READY: Final = (400, 503)  # the statuses of a health answer that says "no" (Triton: 400 with no body)
 # The operations without a REST form, and why.
 _GRPC_ONLY: Final = {
     'ModelStreamInfer': (
@@ -84,163 +56,12 @@ _SystemSharedMemoryStatusResponse: Final = TypeAdapter(list[models.SystemSharedM
 _CudaSharedMemoryStatusResponse: Final = TypeAdapter(list[models.CudaSharedMemoryRegionStatus])
 
 
-def _q(value: str) -> str:
-    """A path segment, percent-encoded."""
-    return quote(str(value), safe="")
+class RestClient(RestClientBase):
+    """A REST client of an Open Inference Protocol server (httpx.Client): one method per
+    operation of the spec. The constructor's options are `RestClientBase`'s."""
 
-
-def _timeout(value: float | None) -> Any:
-    return httpx.USE_CLIENT_DEFAULT if value is None else value
-
-
-def _json(model: BaseModel) -> bytes:
-    return orjson.dumps(model.model_dump(mode="json", by_alias=True, exclude_none=True))
-
-
-def _tls(verify: bool | str | ssl.SSLContext, cert: str | tuple[str, str] | None) -> bool | ssl.SSLContext:
-    """httpx's `verify` for these options (an SSLContext when a CA file or client certificate is given)."""
-    if isinstance(verify, ssl.SSLContext):
-        if cert is not None:
-            verify.load_cert_chain(*((cert,) if isinstance(cert, str) else cert))
-        return verify
-    if cert is None and not isinstance(verify, str):
-        return verify
-    context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
-    if verify is False:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if cert is not None:
-        context.load_cert_chain(*((cert,) if isinstance(cert, str) else cert))
-    return context
-
-
-def _check(response: httpx.Response) -> None:
-    if not 200 <= response.status_code < 300:
-        raise from_http(response.status_code, response.content)
-
-
-def _load(response: httpx.Response) -> Any:
-    """The JSON body of a successful answer."""
-    _check(response)
-    try:
-        return orjson.loads(response.content)
-    except orjson.JSONDecodeError as exc:
-        raise ResponseError(f"the server's answer is not JSON: {exc}", status=response.status_code) from None
-
-
-def _health(response: httpx.Response, flag: str, path: dict[str, str]) -> Any:
-    """The body of a health answer. Without a body, 200 says yes and a not-ready status (400, 503) says no, as
-    Triton and MLServer answer; a not-ready status with the answer's own body is an answer, not an error."""
-    status, content = response.status_code, response.content
-    if status == 200 or status in _NOT_READY:
-        if not content.strip():
-            return {**path, flag: status == 200}
-        try:
-            answer = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            answer = None
-        if isinstance(answer, dict) and flag in answer and "error" not in answer:
-            return answer
-    return _load(response)
-
-
-class _RestBase:
-    """What both REST clients hold besides their connection pool."""
-
-    def __init__(self, url: str, binary: bool | None) -> None:
-        if "://" not in url:
-            url = "http://" + url
-        self.url = url.rstrip("/")
-        self.binary = binary
-        self._server_binary: bool | None = None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
-
-
-class RestClient(_RestBase):
-    """A REST client of an Open Inference Protocol server (httpx.Client).
-
-    One connection pool per client (HTTP/1.1 keep-alive); use it as a context manager or call `close()`.
-
-    - `url`: the server's base URL (`http://host:8000`; a scheme-less `host:8000` means http; a path prefix is kept).
-    - `timeout`: seconds per request (None: none), or an `httpx.Timeout`; each method also takes `timeout=`.
-    - `headers`: sent with every request (each method also takes `headers=`).
-    - `verify`: TLS server verification: True, False, a CA bundle path or an `ssl.SSLContext`; `cert`: a client
-      certificate file, or (certificate, key) files.
-    - `binary`: send tensors with the binary tensor data extension (True), as JSON (False), or (None) binary
-      when the server lists `binary_tensor_data` in its metadata, asked once per client.
-    - `trust_env`: read proxies and certificates from the environment, as httpx does.
-    - `transport`: an httpx transport (tests: `httpx.MockTransport`).
-    """
-
-    def __init__(
-        self,
-        url: str = "http://127.0.0.1:8000",
-        *,
-        timeout: float | httpx.Timeout | None = 60.0,
-        headers: Headers | None = None,
-        verify: bool | str | ssl.SSLContext = True,
-        cert: str | tuple[str, str] | None = None,
-        binary: bool | None = None,
-        trust_env: bool = True,
-        max_connections: int = 100,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(url, binary)
-        self._http = httpx.Client(
-            base_url=self.url,
-            timeout=timeout,
-            headers={**_DEFAULT_HEADERS, **(headers or {})},
-            verify=_tls(verify, cert),
-            trust_env=trust_env,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
-
-    def close(self) -> None:
-        """Close the connections."""
-        self._http.close()
-
-    def __enter__(self) -> RestClient:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _send(
-        self, method: str, path: str, content: bytes | None, headers: Headers | None, timeout: float | None
-    ) -> httpx.Response:
-        try:
-            return self._http.request(
-                method, path, content=content, headers=with_trace_context(headers), timeout=_timeout(timeout)
-            )
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise Unavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
-            raise OipClientError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
-
-    def _use_binary(self, binary: bool | None) -> bool:
-        """Whether this request sends binary tensor data: as asked, else the client's choice, else whether the
-        server lists the extension (asked once; an error answer counts as no)."""
-        if binary is not None:
-            return binary
-        if self.binary is not None:
-            return self.binary
-        if self._server_binary is None:
-            try:
-                metadata = self.server_metadata()
-            except OipClientError as exc:
-                if exc.status is None:  # no answer at all: decide on a later request
-                    raise
-                self._server_binary = False
-            else:
-                self._server_binary = BINARY_EXTENSION in metadata.extensions
-        return self._server_binary
+    def _extensions(self) -> list[str]:
+        return (self.server_metadata()).extensions
 
     def server_live(
         self,
@@ -253,7 +74,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ServerLiveResponse', _health(response, 'live', path_values), path_values)
+        answer = read_answer('ServerLiveResponse', health(response, 'live', path_values), path_values)
         return validated(models.ServerLiveResponse, answer)
 
     def server_ready(
@@ -267,7 +88,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ServerReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ServerReadyResponse', health(response, 'ready', path_values), path_values)
         return validated(models.ServerReadyResponse, answer)
 
     def model_ready(
@@ -280,13 +101,13 @@ class RestClient(_RestBase):
     ) -> models.ModelReadyResponse:
         """Readiness of one model (and optionally one version of it)."""
         if version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}/ready'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}/ready'
         else:
-            method, path = 'GET', f'/v2/models/{_q(model)}/ready'
+            method, path = 'GET', f'/v2/models/{q(model)}/ready'
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {'name': model}
-        answer = read_answer('ModelReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ModelReadyResponse', health(response, 'ready', path_values), path_values)
         return validated(models.ModelReadyResponse, answer)
 
     def server_metadata(
@@ -300,7 +121,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('MetadataServerResponse', _load(response), path_values)
+        answer = read_answer('MetadataServerResponse', load(response), path_values)
         return validated(models.MetadataServerResponse, answer)
 
     def model_metadata(
@@ -313,13 +134,13 @@ class RestClient(_RestBase):
     ) -> models.MetadataModelResponse:
         """Tensors, versions and platform of one model."""
         if version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}'
         else:
-            method, path = 'GET', f'/v2/models/{_q(model)}'
+            method, path = 'GET', f'/v2/models/{q(model)}'
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('MetadataModelResponse', _load(response), path_values)
+        answer = read_answer('MetadataModelResponse', load(response), path_values)
         return validated(models.MetadataModelResponse, answer)
 
     def infer(
@@ -348,9 +169,9 @@ class RestClient(_RestBase):
             prepared, requested_outputs(outputs), request_id=id, parameters=parameters, binary=use_binary
         )
         if version:
-            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/infer'
+            method, path = 'POST', f'/v2/models/{q(model)}/versions/{q(version)}/infer'
         else:
-            method, path = 'POST', f'/v2/models/{_q(model)}/infer'
+            method, path = 'POST', f'/v2/models/{q(model)}/infer'
         response = self._send(method, path, content, merge(extra, headers), timeout)
         if response.status_code != 200:
             raise from_http(response.status_code, response.content)
@@ -385,13 +206,13 @@ class RestClient(_RestBase):
     ) -> models.ModelConfigResponse:
         """Configuration of one model (model configuration extension)."""
         if version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}/config'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}/config'
         else:
-            method, path = 'GET', f'/v2/models/{_q(model)}/config'
+            method, path = 'GET', f'/v2/models/{q(model)}/config'
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ModelConfigResponse', _load(response), path_values)
+        answer = read_answer('ModelConfigResponse', load(response), path_values)
         return validated(models.ModelConfigResponse, answer)
 
     def model_statistics(
@@ -404,9 +225,9 @@ class RestClient(_RestBase):
     ) -> models.ModelStatisticsResponse:
         """Cumulative inference statistics (statistics extension)."""
         if model and version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}/stats'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}/stats'
         elif model and not version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/stats'
+            method, path = 'GET', f'/v2/models/{q(model)}/stats'
         elif not model and not version:
             method, path = 'GET', '/v2/models/stats'
         else:
@@ -417,7 +238,7 @@ class RestClient(_RestBase):
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ModelStatisticsResponse', _load(response), path_values)
+        answer = read_answer('ModelStatisticsResponse', load(response), path_values)
         return validated(models.ModelStatisticsResponse, answer)
 
     def repository_index(
@@ -430,10 +251,10 @@ class RestClient(_RestBase):
         """List the models the server knows about (model repository extension)."""
         method, path = 'POST', '/v2/repository/index'
         payload = body(models.RepositoryIndexRequest, {'ready': ready})
-        content: bytes | None = _json(payload)
-        response = self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
+        content: bytes | None = json_body(payload)
+        response = self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('RepositoryIndexResponse', _load(response), path_values)
+        answer = read_answer('RepositoryIndexResponse', load(response), path_values)
         return validated_list(_RepositoryIndexResponse, answer)
 
     def repository_model_load(
@@ -445,11 +266,11 @@ class RestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Load a model, or reload it if already loaded (model repository extension)."""
-        method, path = 'POST', f'/v2/repository/models/{_q(model)}/load'
+        method, path = 'POST', f'/v2/repository/models/{q(model)}/load'
         payload = body(models.RepositoryModelLoadRequest, {'parameters': parameters})
-        content: bytes | None = _json(payload)
-        response = self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     def repository_model_unload(
         self,
@@ -460,11 +281,11 @@ class RestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Unload a model (model repository extension)."""
-        method, path = 'POST', f'/v2/repository/models/{_q(model)}/unload'
+        method, path = 'POST', f'/v2/repository/models/{q(model)}/unload'
         payload = body(models.RepositoryModelUnloadRequest, {'parameters': parameters})
-        content: bytes | None = _json(payload)
-        response = self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     def system_shared_memory_status(
         self,
@@ -475,13 +296,13 @@ class RestClient(_RestBase):
     ) -> list[models.SystemSharedMemoryRegionStatus]:
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
         if region:
-            method, path = 'GET', f'/v2/systemsharedmemory/region/{_q(region)}/status'
+            method, path = 'GET', f'/v2/systemsharedmemory/region/{q(region)}/status'
         else:
             method, path = 'GET', '/v2/systemsharedmemory/status'
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('SystemSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('SystemSharedMemoryStatusResponse', load(response), path_values)
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     def system_shared_memory_register(
@@ -495,15 +316,15 @@ class RestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Register a system shared-memory region for tensor data."""
-        method, path = 'POST', f'/v2/systemsharedmemory/region/{_q(region)}/register'
+        method, path = 'POST', f'/v2/systemsharedmemory/region/{q(region)}/register'
         payload = body(models.SystemSharedMemoryRegisterRequest, {
             'key': key,
             'offset': offset,
             'byte_size': byte_size,
         })
-        content: bytes | None = _json(payload)
-        response = self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     def system_shared_memory_unregister(
         self,
@@ -514,12 +335,12 @@ class RestClient(_RestBase):
     ) -> None:
         """Unregister one system shared-memory region, or all of them."""
         if region:
-            method, path = 'POST', f'/v2/systemsharedmemory/region/{_q(region)}/unregister'
+            method, path = 'POST', f'/v2/systemsharedmemory/region/{q(region)}/unregister'
         else:
             method, path = 'POST', '/v2/systemsharedmemory/unregister'
         content = None
         response = self._send(method, path, content, headers, timeout)
-        _check(response)
+        check(response)
 
     def cuda_shared_memory_status(
         self,
@@ -530,13 +351,13 @@ class RestClient(_RestBase):
     ) -> list[models.CudaSharedMemoryRegionStatus]:
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
         if region:
-            method, path = 'GET', f'/v2/cudasharedmemory/region/{_q(region)}/status'
+            method, path = 'GET', f'/v2/cudasharedmemory/region/{q(region)}/status'
         else:
             method, path = 'GET', '/v2/cudasharedmemory/status'
         content = None
         response = self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('CudaSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('CudaSharedMemoryStatusResponse', load(response), path_values)
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     def cuda_shared_memory_register(
@@ -550,15 +371,15 @@ class RestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Register a CUDA IPC memory region for tensor data."""
-        method, path = 'POST', f'/v2/cudasharedmemory/region/{_q(region)}/register'
+        method, path = 'POST', f'/v2/cudasharedmemory/region/{q(region)}/register'
         payload = body(models.CudaSharedMemoryRegisterRequest, {
             'raw_handle': b64(raw_handle),
             'device_id': device_id,
             'byte_size': byte_size,
         })
-        content: bytes | None = _json(payload)
-        response = self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     def cuda_shared_memory_unregister(
         self,
@@ -569,12 +390,12 @@ class RestClient(_RestBase):
     ) -> None:
         """Unregister one CUDA shared-memory region, or all of them."""
         if region:
-            method, path = 'POST', f'/v2/cudasharedmemory/region/{_q(region)}/unregister'
+            method, path = 'POST', f'/v2/cudasharedmemory/region/{q(region)}/unregister'
         else:
             method, path = 'POST', '/v2/cudasharedmemory/unregister'
         content = None
         response = self._send(method, path, content, headers, timeout)
-        _check(response)
+        check(response)
 
     def generate(
         self,
@@ -594,11 +415,11 @@ class RestClient(_RestBase):
         Returns the answer, a dict.
         """
         if version:
-            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate'
+            method, path = 'POST', f'/v2/models/{q(model)}/versions/{q(version)}/generate'
         else:
-            method, path = 'POST', f'/v2/models/{_q(model)}/generate'
+            method, path = 'POST', f'/v2/models/{q(model)}/generate'
         content = orjson.dumps({**(request or {}), **fields})
-        answer = _load(self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout))
+        answer = load(self._send(method, path, content, merge(JSON_HEADERS, headers), timeout))
         if not isinstance(answer, dict):
             raise ResponseError(f"the server's answer is not a JSON object: {str(answer)[:200]}", status=200)
         return answer
@@ -622,118 +443,19 @@ class RestClient(_RestBase):
         before the first answer raises as any request does; an error event after it raises ServerError.
         """
         if version:
-            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate_stream'
+            method, path = 'POST', f'/v2/models/{q(model)}/versions/{q(version)}/generate_stream'
         else:
-            method, path = 'POST', f'/v2/models/{_q(model)}/generate_stream'
+            method, path = 'POST', f'/v2/models/{q(model)}/generate_stream'
         content = orjson.dumps({**(request or {}), **fields})
         return self._events(method, path, content, headers, timeout)
 
-    def _events(
-        self, method: str, path: str, content: bytes, headers: Headers | None, timeout: float | None
-    ) -> Iterator[dict[str, Any]]:
-        """The answers of a server-sent events stream, as they come."""
-        reader = EventReader()
-        try:
-            with self._http.stream(
-                method, path, content=content, headers=merge(_EVENT_HEADERS, headers), timeout=_timeout(timeout)
-            ) as response:
-                if response.status_code != 200:
-                    raise from_http(response.status_code, response.read())
-                for line in response.iter_lines():
-                    data = reader.feed(line)
-                    if data is not None:
-                        yield event_answer(data, response.status_code)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise Unavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
-            raise OipClientError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
 
+class AsyncRestClient(AsyncRestClientBase):
+    """An asyncio REST client of an Open Inference Protocol server (httpx.AsyncClient): one method per
+    operation of the spec. The constructor's options are `AsyncRestClientBase`'s."""
 
-class AsyncRestClient(_RestBase):
-    """An asyncio REST client of an Open Inference Protocol server (httpx.AsyncClient).
-
-    One connection pool per client (HTTP/1.1 keep-alive); use it as an async context manager or call `await close()`.
-
-    - `url`: the server's base URL (`http://host:8000`; a scheme-less `host:8000` means http; a path prefix is kept).
-    - `timeout`: seconds per request (None: none), or an `httpx.Timeout`; each method also takes `timeout=`.
-    - `headers`: sent with every request (each method also takes `headers=`).
-    - `verify`: TLS server verification: True, False, a CA bundle path or an `ssl.SSLContext`; `cert`: a client
-      certificate file, or (certificate, key) files.
-    - `binary`: send tensors with the binary tensor data extension (True), as JSON (False), or (None) binary
-      when the server lists `binary_tensor_data` in its metadata, asked once per client.
-    - `trust_env`: read proxies and certificates from the environment, as httpx does.
-    - `transport`: an httpx transport (tests: `httpx.ASGITransport`).
-    """
-
-    def __init__(
-        self,
-        url: str = "http://127.0.0.1:8000",
-        *,
-        timeout: float | httpx.Timeout | None = 60.0,
-        headers: Headers | None = None,
-        verify: bool | str | ssl.SSLContext = True,
-        cert: str | tuple[str, str] | None = None,
-        binary: bool | None = None,
-        trust_env: bool = True,
-        max_connections: int = 100,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(url, binary)
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            timeout=timeout,
-            headers={**_DEFAULT_HEADERS, **(headers or {})},
-            verify=_tls(verify, cert),
-            trust_env=trust_env,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
-
-    async def close(self) -> None:
-        """Close the connections."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncRestClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def _send(
-        self, method: str, path: str, content: bytes | None, headers: Headers | None, timeout: float | None
-    ) -> httpx.Response:
-        try:
-            return await self._http.request(
-                method, path, content=content, headers=with_trace_context(headers), timeout=_timeout(timeout)
-            )
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise Unavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
-            raise OipClientError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
-
-    async def _use_binary(self, binary: bool | None) -> bool:
-        """Whether this request sends binary tensor data: as asked, else the client's choice, else whether the
-        server lists the extension (asked once; an error answer counts as no)."""
-        if binary is not None:
-            return binary
-        if self.binary is not None:
-            return self.binary
-        if self._server_binary is None:
-            try:
-                metadata = await self.server_metadata()
-            except OipClientError as exc:
-                if exc.status is None:  # no answer at all: decide on a later request
-                    raise
-                self._server_binary = False
-            else:
-                self._server_binary = BINARY_EXTENSION in metadata.extensions
-        return self._server_binary
+    async def _extensions(self) -> list[str]:
+        return (await self.server_metadata()).extensions
 
     async def server_live(
         self,
@@ -746,7 +468,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ServerLiveResponse', _health(response, 'live', path_values), path_values)
+        answer = read_answer('ServerLiveResponse', health(response, 'live', path_values), path_values)
         return validated(models.ServerLiveResponse, answer)
 
     async def server_ready(
@@ -760,7 +482,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ServerReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ServerReadyResponse', health(response, 'ready', path_values), path_values)
         return validated(models.ServerReadyResponse, answer)
 
     async def model_ready(
@@ -773,13 +495,13 @@ class AsyncRestClient(_RestBase):
     ) -> models.ModelReadyResponse:
         """Readiness of one model (and optionally one version of it)."""
         if version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}/ready'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}/ready'
         else:
-            method, path = 'GET', f'/v2/models/{_q(model)}/ready'
+            method, path = 'GET', f'/v2/models/{q(model)}/ready'
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {'name': model}
-        answer = read_answer('ModelReadyResponse', _health(response, 'ready', path_values), path_values)
+        answer = read_answer('ModelReadyResponse', health(response, 'ready', path_values), path_values)
         return validated(models.ModelReadyResponse, answer)
 
     async def server_metadata(
@@ -793,7 +515,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('MetadataServerResponse', _load(response), path_values)
+        answer = read_answer('MetadataServerResponse', load(response), path_values)
         return validated(models.MetadataServerResponse, answer)
 
     async def model_metadata(
@@ -806,13 +528,13 @@ class AsyncRestClient(_RestBase):
     ) -> models.MetadataModelResponse:
         """Tensors, versions and platform of one model."""
         if version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}'
         else:
-            method, path = 'GET', f'/v2/models/{_q(model)}'
+            method, path = 'GET', f'/v2/models/{q(model)}'
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('MetadataModelResponse', _load(response), path_values)
+        answer = read_answer('MetadataModelResponse', load(response), path_values)
         return validated(models.MetadataModelResponse, answer)
 
     async def infer(
@@ -841,9 +563,9 @@ class AsyncRestClient(_RestBase):
             prepared, requested_outputs(outputs), request_id=id, parameters=parameters, binary=use_binary
         )
         if version:
-            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/infer'
+            method, path = 'POST', f'/v2/models/{q(model)}/versions/{q(version)}/infer'
         else:
-            method, path = 'POST', f'/v2/models/{_q(model)}/infer'
+            method, path = 'POST', f'/v2/models/{q(model)}/infer'
         response = await self._send(method, path, content, merge(extra, headers), timeout)
         if response.status_code != 200:
             raise from_http(response.status_code, response.content)
@@ -878,13 +600,13 @@ class AsyncRestClient(_RestBase):
     ) -> models.ModelConfigResponse:
         """Configuration of one model (model configuration extension)."""
         if version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}/config'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}/config'
         else:
-            method, path = 'GET', f'/v2/models/{_q(model)}/config'
+            method, path = 'GET', f'/v2/models/{q(model)}/config'
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ModelConfigResponse', _load(response), path_values)
+        answer = read_answer('ModelConfigResponse', load(response), path_values)
         return validated(models.ModelConfigResponse, answer)
 
     async def model_statistics(
@@ -897,9 +619,9 @@ class AsyncRestClient(_RestBase):
     ) -> models.ModelStatisticsResponse:
         """Cumulative inference statistics (statistics extension)."""
         if model and version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/versions/{_q(version)}/stats'
+            method, path = 'GET', f'/v2/models/{q(model)}/versions/{q(version)}/stats'
         elif model and not version:
-            method, path = 'GET', f'/v2/models/{_q(model)}/stats'
+            method, path = 'GET', f'/v2/models/{q(model)}/stats'
         elif not model and not version:
             method, path = 'GET', '/v2/models/stats'
         else:
@@ -910,7 +632,7 @@ class AsyncRestClient(_RestBase):
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('ModelStatisticsResponse', _load(response), path_values)
+        answer = read_answer('ModelStatisticsResponse', load(response), path_values)
         return validated(models.ModelStatisticsResponse, answer)
 
     async def repository_index(
@@ -923,10 +645,10 @@ class AsyncRestClient(_RestBase):
         """List the models the server knows about (model repository extension)."""
         method, path = 'POST', '/v2/repository/index'
         payload = body(models.RepositoryIndexRequest, {'ready': ready})
-        content: bytes | None = _json(payload)
-        response = await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
+        content: bytes | None = json_body(payload)
+        response = await self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('RepositoryIndexResponse', _load(response), path_values)
+        answer = read_answer('RepositoryIndexResponse', load(response), path_values)
         return validated_list(_RepositoryIndexResponse, answer)
 
     async def repository_model_load(
@@ -938,11 +660,11 @@ class AsyncRestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Load a model, or reload it if already loaded (model repository extension)."""
-        method, path = 'POST', f'/v2/repository/models/{_q(model)}/load'
+        method, path = 'POST', f'/v2/repository/models/{q(model)}/load'
         payload = body(models.RepositoryModelLoadRequest, {'parameters': parameters})
-        content: bytes | None = _json(payload)
-        response = await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = await self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     async def repository_model_unload(
         self,
@@ -953,11 +675,11 @@ class AsyncRestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Unload a model (model repository extension)."""
-        method, path = 'POST', f'/v2/repository/models/{_q(model)}/unload'
+        method, path = 'POST', f'/v2/repository/models/{q(model)}/unload'
         payload = body(models.RepositoryModelUnloadRequest, {'parameters': parameters})
-        content: bytes | None = _json(payload)
-        response = await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = await self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     async def system_shared_memory_status(
         self,
@@ -968,13 +690,13 @@ class AsyncRestClient(_RestBase):
     ) -> list[models.SystemSharedMemoryRegionStatus]:
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
         if region:
-            method, path = 'GET', f'/v2/systemsharedmemory/region/{_q(region)}/status'
+            method, path = 'GET', f'/v2/systemsharedmemory/region/{q(region)}/status'
         else:
             method, path = 'GET', '/v2/systemsharedmemory/status'
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('SystemSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('SystemSharedMemoryStatusResponse', load(response), path_values)
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     async def system_shared_memory_register(
@@ -988,15 +710,15 @@ class AsyncRestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Register a system shared-memory region for tensor data."""
-        method, path = 'POST', f'/v2/systemsharedmemory/region/{_q(region)}/register'
+        method, path = 'POST', f'/v2/systemsharedmemory/region/{q(region)}/register'
         payload = body(models.SystemSharedMemoryRegisterRequest, {
             'key': key,
             'offset': offset,
             'byte_size': byte_size,
         })
-        content: bytes | None = _json(payload)
-        response = await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = await self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     async def system_shared_memory_unregister(
         self,
@@ -1007,12 +729,12 @@ class AsyncRestClient(_RestBase):
     ) -> None:
         """Unregister one system shared-memory region, or all of them."""
         if region:
-            method, path = 'POST', f'/v2/systemsharedmemory/region/{_q(region)}/unregister'
+            method, path = 'POST', f'/v2/systemsharedmemory/region/{q(region)}/unregister'
         else:
             method, path = 'POST', '/v2/systemsharedmemory/unregister'
         content = None
         response = await self._send(method, path, content, headers, timeout)
-        _check(response)
+        check(response)
 
     async def cuda_shared_memory_status(
         self,
@@ -1023,13 +745,13 @@ class AsyncRestClient(_RestBase):
     ) -> list[models.CudaSharedMemoryRegionStatus]:
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
         if region:
-            method, path = 'GET', f'/v2/cudasharedmemory/region/{_q(region)}/status'
+            method, path = 'GET', f'/v2/cudasharedmemory/region/{q(region)}/status'
         else:
             method, path = 'GET', '/v2/cudasharedmemory/status'
         content = None
         response = await self._send(method, path, content, headers, timeout)
         path_values: dict[str, str] = {}
-        answer = read_answer('CudaSharedMemoryStatusResponse', _load(response), path_values)
+        answer = read_answer('CudaSharedMemoryStatusResponse', load(response), path_values)
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     async def cuda_shared_memory_register(
@@ -1043,15 +765,15 @@ class AsyncRestClient(_RestBase):
         timeout: float | None = None,
     ) -> None:
         """Register a CUDA IPC memory region for tensor data."""
-        method, path = 'POST', f'/v2/cudasharedmemory/region/{_q(region)}/register'
+        method, path = 'POST', f'/v2/cudasharedmemory/region/{q(region)}/register'
         payload = body(models.CudaSharedMemoryRegisterRequest, {
             'raw_handle': b64(raw_handle),
             'device_id': device_id,
             'byte_size': byte_size,
         })
-        content: bytes | None = _json(payload)
-        response = await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout)
-        _check(response)
+        content: bytes | None = json_body(payload)
+        response = await self._send(method, path, content, merge(JSON_HEADERS, headers), timeout)
+        check(response)
 
     async def cuda_shared_memory_unregister(
         self,
@@ -1062,12 +784,12 @@ class AsyncRestClient(_RestBase):
     ) -> None:
         """Unregister one CUDA shared-memory region, or all of them."""
         if region:
-            method, path = 'POST', f'/v2/cudasharedmemory/region/{_q(region)}/unregister'
+            method, path = 'POST', f'/v2/cudasharedmemory/region/{q(region)}/unregister'
         else:
             method, path = 'POST', '/v2/cudasharedmemory/unregister'
         content = None
         response = await self._send(method, path, content, headers, timeout)
-        _check(response)
+        check(response)
 
     async def generate(
         self,
@@ -1087,11 +809,11 @@ class AsyncRestClient(_RestBase):
         Returns the answer, a dict.
         """
         if version:
-            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate'
+            method, path = 'POST', f'/v2/models/{q(model)}/versions/{q(version)}/generate'
         else:
-            method, path = 'POST', f'/v2/models/{_q(model)}/generate'
+            method, path = 'POST', f'/v2/models/{q(model)}/generate'
         content = orjson.dumps({**(request or {}), **fields})
-        answer = _load(await self._send(method, path, content, merge(_JSON_HEADERS, headers), timeout))
+        answer = load(await self._send(method, path, content, merge(JSON_HEADERS, headers), timeout))
         if not isinstance(answer, dict):
             raise ResponseError(f"the server's answer is not a JSON object: {str(answer)[:200]}", status=200)
         return answer
@@ -1115,30 +837,8 @@ class AsyncRestClient(_RestBase):
         before the first answer raises as any request does; an error event after it raises ServerError.
         """
         if version:
-            method, path = 'POST', f'/v2/models/{_q(model)}/versions/{_q(version)}/generate_stream'
+            method, path = 'POST', f'/v2/models/{q(model)}/versions/{q(version)}/generate_stream'
         else:
-            method, path = 'POST', f'/v2/models/{_q(model)}/generate_stream'
+            method, path = 'POST', f'/v2/models/{q(model)}/generate_stream'
         content = orjson.dumps({**(request or {}), **fields})
         return self._events(method, path, content, headers, timeout)
-
-    async def _events(
-        self, method: str, path: str, content: bytes, headers: Headers | None, timeout: float | None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The answers of a server-sent events stream, as they come."""
-        reader = EventReader()
-        try:
-            async with self._http.stream(
-                method, path, content=content, headers=merge(_EVENT_HEADERS, headers), timeout=_timeout(timeout)
-            ) as response:
-                if response.status_code != 200:
-                    raise from_http(response.status_code, await response.aread())
-                async for line in response.aiter_lines():
-                    data = reader.feed(line)
-                    if data is not None:
-                        yield event_answer(data, response.status_code)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"{method} {path}: timed out ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise Unavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
-            raise OipClientError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
