@@ -8,56 +8,27 @@ One method per operation of the spec, with the same names, arguments and results
 (`client.rest`): operations return the pydantic models of their REST bodies (`models`, converted from protobuf by
 `convert`), or None for empty answers; `infer` takes numpy arrays and returns an `InferResult`. gRPC-only
 operations (streaming) are here too. Errors are `errors.OipClientError` subclasses, the same as over REST.
-
-Inference sends `raw_input_contents` (the arrays' bytes, no per-element work) and reads `raw_output_contents`
-or typed `contents`, whichever the server answers with.
+Channels, calls and the inference messages are `grpc_base`'s; this module holds what the spec decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
-    Iterable,
-    Iterator,
-    Mapping,
-    MutableMapping,
-    Sequence,
-)
-from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, Final
 
-import grpc
-import grpc.aio
-from google.protobuf.message import DecodeError
 from pydantic import TypeAdapter
 
 from .. import convert, models
 from ..grpc import grpc_service_pb2 as pb_grpc_service
-from ..grpc import grpc_service_pb2_grpc, wire
-from ._shared import Headers, b64, body, merge, read_answer, validated, validated_list
-from .errors import InvalidArgument, OipClientError, ResponseError, Unimplemented, from_grpc
-from .propagation import with_trace_context
-from .tensors import (
-    CONTENTS,
-    NONE,
-    RAW,
-    Entry,
-    InferRequest,
-    InferResult,
-    Inputs,
-    Outputs,
-    Param,
-    Parameters,
-    PreparedInput,
-    RequestedOutput,
-    prepare_inputs,
-    raw_bytes,
-    raw_data,
-    requested_outputs,
-)
+from ..grpc import grpc_service_pb2_grpc
+from ._shared import Headers, b64, body, validated, validated_list
+from .errors import Unimplemented
+from .grpc_base import MAX_MESSAGE_SIZE, ZERO_COPY_BYTES, AsyncGrpcClientBase, GrpcClientBase, InferMessages
+from .grpc_base import answer as answer_of
+from .tensors import InferRequest, InferResult, Inputs, Outputs, Parameters
 
 __all__ = [
+    "INFER",
     "MAX_MESSAGE_SIZE",
     "ZERO_COPY_BYTES",
     "AsyncGrpcClient",
@@ -68,24 +39,19 @@ __all__ = [
     "encode_infer_request_bytes",
 ]
 
-_Req = TypeVar("_Req")
-_Resp = TypeVar("_Resp")
-_REGISTERED: Final[dict[str, Any]] = {"_registered_method": True}  # as the generated stub registers its methods
-_T = TypeVar("_T")
-
-MAX_MESSAGE_SIZE: Final = 2**31 - 1
-"""The default message size limit each way: as large as gRPC allows."""
-# The value of every parameters map of inference messages (`convert` maps them to and from JSON scalars).
-_PARAM_TYPE: Final = 'inference.InferParameter'
+# The inference messages: their parameters maps' value type and the repeated bytes fields of raw tensor data.
+INFER: Final = InferMessages(
+    pb_grpc_service.ModelInferRequest,
+    pb_grpc_service.ModelInferResponse,
+    param_type='inference.InferParameter',
+    raw_input=('raw_input_contents', 7),
+    raw_output=('raw_output_contents', 6),
+)
+encode_infer_request = INFER.encode_request
+encode_infer_request_bytes = INFER.encode_request_bytes
+decode_infer_response = INFER.decode_response
+decode_infer_response_bytes = INFER.decode_response_bytes
 _INFER_METHOD: Final = "/inference.GRPCInferenceService/ModelInfer"
-# The repeated bytes fields that carry raw tensor data, by field number (protobuf wire format: tag = number << 3 | 2).
-_RAW_INPUT_FIELD: Final = 7  # raw_input_contents
-_RAW_OUTPUT_FIELD: Final = 6  # raw_output_contents
-ZERO_COPY_BYTES: Final = 1 << 16
-"""From this many bytes of raw tensor data up, inference messages are written and read around protobuf: the
-tensors' bytes go from the arrays into the message bytes in one copy, and outputs are views of the answer's bytes
-(protobuf would copy each tensor three times on the way out and twice on the way in). Smaller messages go
-through protobuf, which is faster for them."""
 _RepositoryIndexResponse: Final = TypeAdapter(list[models.ModelIndex])
 _SystemSharedMemoryStatusResponse: Final = TypeAdapter(list[models.SystemSharedMemoryRegionStatus])
 _CudaSharedMemoryStatusResponse: Final = TypeAdapter(list[models.CudaSharedMemoryRegionStatus])
@@ -103,289 +69,14 @@ _REST_ONLY: Final = {
 }
 
 
-def _channel_options(
-    max_message_size: int,
-    keepalive_time_ms: int | None,
-    keepalive_timeout_ms: int | None,
-    keepalive_permit_without_calls: bool,
-    options: Sequence[tuple[str, Any]],
-) -> list[tuple[str, Any]]:
-    args: list[tuple[str, Any]] = [
-        ("grpc.max_send_message_length", max_message_size),
-        ("grpc.max_receive_message_length", max_message_size),
-    ]
-    if keepalive_time_ms is not None:
-        args.append(("grpc.keepalive_time_ms", keepalive_time_ms))
-    if keepalive_timeout_ms is not None:
-        args.append(("grpc.keepalive_timeout_ms", keepalive_timeout_ms))
-    if keepalive_permit_without_calls:
-        args.append(("grpc.keepalive_permit_without_calls", 1))
-    return args + list(options)
+class GrpcClient(GrpcClientBase):
+    """A gRPC client of an Open Inference Protocol server (grpc, `inference.GRPCInferenceService`):
+    one method per operation of the spec. The constructor's options are `GrpcClientBase`'s."""
 
-
-class _GrpcBase:
-    """What both gRPC clients hold besides their channel."""
-
-    def __init__(
-        self, target: str, timeout: float | None, headers: Headers | None, compression: grpc.Compression | None
-    ) -> None:
-        self.target = target.split("://", 1)[1] if "://" in target else target
-        self.timeout = timeout
-        self.headers = {key.lower(): value for key, value in (headers or {}).items()}
-        self.compression = compression
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.target!r})"
-
-    def _deadline(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is None else timeout
-
-    def _metadata(self, headers: Headers | None) -> tuple[tuple[str, str], ...] | None:
-        given = {key.lower(): value for key, value in headers.items()} if headers else None
-        merged = with_trace_context(merge(self.headers, given))
-        return tuple(merged.items()) if merged else None
-
-
-# --- inference messages ---------------------------------------------------------------------------------------
-
-
-def _answer(schema: str, reply: Any, rest_only: Mapping[str, Any]) -> Any:
-    """The REST body of `schema` for the reply `reply`, read as a REST answer is (`_shared.read_answer`)."""
-    try:
-        converted = convert.proto_to_rest(schema, reply, **rest_only)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ResponseError(f"the server's answer does not convert to {schema}: {exc}") from None
-    return read_answer(schema, converted, rest_only)
-
-
-def _set_params(target: MutableMapping[str, Any], params: Parameters, where: str) -> None:
-    """Fill a parameters map: bool, int (int64, or uint64 above its range), float and str values."""
-    try:
-        convert.params_to_proto(_PARAM_TYPE, params, target)
-    except convert.ConvertError as exc:
-        raise InvalidArgument(f"{where} {exc}") from None
-
-
-def _params(entries: Mapping[str, Any]) -> dict[str, Param]:
-    return convert.params_from_proto(_PARAM_TYPE, entries) if entries else {}
-
-
-def encode_infer_request(
-    model: str,
-    version: str,
-    inputs: Sequence[PreparedInput],
-    outputs: Sequence[RequestedOutput] = (),
-    *,
-    request_id: str = "",
-    parameters: Parameters | None = None,
-) -> pb_grpc_service.ModelInferRequest:
-    """The `inference.ModelInferRequest` of an inference: every input's data in `raw_input_contents`."""
-    request = _header(model, version, inputs, outputs, request_id, parameters)
-    request.raw_input_contents.extend(raw_bytes(tensor) for tensor in inputs)
-    return request
-
-
-def _header(
-    model: str,
-    version: str,
-    inputs: Sequence[PreparedInput],
-    outputs: Sequence[RequestedOutput],
-    request_id: str,
-    parameters: Parameters | None,
-) -> pb_grpc_service.ModelInferRequest:
-    request = pb_grpc_service.ModelInferRequest(model_name=model, model_version=version, id=request_id)
-    if parameters:
-        _set_params(request.parameters, parameters, "request")
-    tensors = request.inputs
-    for tensor in inputs:
-        entry = tensors.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        if tensor.parameters:
-            _set_params(entry.parameters, tensor.parameters, f"input '{tensor.name}'")
-    for output in outputs:
-        wanted = request.outputs.add(name=output.name)
-        if output.parameters:
-            _set_params(wanted.parameters, output.parameters, f"output '{output.name}'")
-    return request
-
-
-def encode_infer_request_bytes(
-    model: str,
-    version: str,
-    inputs: Sequence[PreparedInput],
-    outputs: Sequence[RequestedOutput] = (),
-    *,
-    request_id: str = "",
-    parameters: Parameters | None = None,
-) -> bytes:
-    """The serialized `inference.ModelInferRequest` of an inference, as `encode_infer_request(...).SerializeToString()`
-    gives it, written with one copy of the tensor data when there is much of it (see ZERO_COPY_BYTES)."""
-    request = _header(model, version, inputs, outputs, request_id, parameters)
-    chunks = [raw_data(tensor) for tensor in inputs]
-    if sum(len(chunk) if isinstance(chunk, bytes) else chunk.nbytes for chunk in chunks) < ZERO_COPY_BYTES:
-        request.raw_input_contents.extend(chunk if isinstance(chunk, bytes) else chunk.tobytes() for chunk in chunks)
-        return request.SerializeToString()
-    # The raw entries, after the other fields: a parser reads them in order all the same.
-    return b"".join([request.SerializeToString(), *wire.field_entries(_RAW_INPUT_FIELD, chunks)])
-
-
-def _split_raw(data: bytes) -> tuple[pb_grpc_service.ModelInferResponse, list[memoryview]]:
-    """The message without its raw output entries, parsed by protobuf, and those entries as views of `data`."""
-    try:
-        rest, raw = wire.split_field(data, _RAW_OUTPUT_FIELD)
-        return pb_grpc_service.ModelInferResponse.FromString(rest), raw
-    except (ValueError, IndexError, DecodeError) as exc:
-        raise ResponseError(f"the server's answer is not a valid inference.ModelInferResponse: {exc}") from None
-
-
-def decode_infer_response_bytes(data: bytes) -> InferResult:
-    """The result of a serialized `inference.ModelInferResponse`; raw outputs are views of `data` when there is much of
-    it (see ZERO_COPY_BYTES)."""
-    if len(data) < ZERO_COPY_BYTES:
-        try:
-            return decode_infer_response(pb_grpc_service.ModelInferResponse.FromString(data))
-        except DecodeError as exc:
-            raise ResponseError(f"the server's answer is not a valid inference.ModelInferResponse: {exc}") from None
-    message, raw = _split_raw(data)
-    return decode_infer_response(message, raw)
-
-
-def decode_infer_response(
-    response: pb_grpc_service.ModelInferResponse, raw: Sequence[bytes | memoryview] | None = None
-) -> InferResult:
-    """The result of a `inference.ModelInferResponse`.
-
-    With one `raw_output_contents` entry per output (Triton and this package's server always answer so, MLServer
-    when the request was raw, with empty typed contents beside), output i reads entry i; otherwise each output
-    reads its typed `contents` when they hold data (MLServer's answer to a typed request), else the next raw entry.
-    """
-    if raw is None:
-        raw = response.raw_output_contents
-    outputs = response.outputs
-    entries: list[Entry] = []
-    if len(raw) == len(outputs):  # one raw entry per output (Triton, this package's server, MLServer when asked raw)
-        for output, data in zip(outputs, raw, strict=True):
-            entries.append((output.name, output.datatype, tuple(output.shape), _params(output.parameters), RAW, data))
-    else:  # typed contents, with raw entries (if any) for the outputs without contents, in order
-        next_raw = 0
-        for output in outputs:
-            params = _params(output.parameters)
-            shape = tuple(output.shape)
-            if output.HasField("contents") and output.contents.ListFields():
-                entries.append((output.name, output.datatype, shape, params, CONTENTS, output.contents))
-            elif next_raw < len(raw):
-                entries.append((output.name, output.datatype, shape, params, RAW, raw[next_raw]))
-                next_raw += 1
-            else:
-                entries.append((output.name, output.datatype, shape, params, NONE, None))
-    return InferResult(
-        model_name=response.model_name,
-        model_version=response.model_version,
-        id=response.id,
-        parameters=_params(response.parameters),
-        entries=entries,
-    )
-
-
-def _stream_result(response: pb_grpc_service.ModelInferResponse, error: str, raise_errors: bool) -> InferResult:
-    if error and raise_errors:
-        raise OipClientError(error)
-    result = decode_infer_response(response)
-    result.error = error
-    return result
-
-
-def _stream_request(
-    model: str, version: str, item: InferRequest | Inputs, datatypes: Mapping[str, str] | None
-) -> pb_grpc_service.ModelInferRequest:
-    if not isinstance(item, InferRequest):
-        item = InferRequest(item)
-    return encode_infer_request(
-        model, version, prepare_inputs(item.inputs, datatypes), requested_outputs(item.outputs),
-        request_id=item.id, parameters=item.parameters,
-    )
-
-
-class GrpcClient(_GrpcBase):
-    """A gRPC client of an Open Inference Protocol server (grpc, `inference.GRPCInferenceService`).
-
-    One channel per client; use it as a context manager or call `close()`.
-
-    - `target`: `host:port` (a `scheme://` prefix is dropped).
-    - `timeout`: seconds per call (None: no deadline); each method also takes `timeout=` (streams: no default).
-    - `headers`: call metadata sent with every call (each method also takes `headers=`); keys are lower-cased.
-    - TLS: `ssl=True` (system roots), or `root_certificates` / `private_key` / `certificate_chain` (PEM bytes), or
-      ready `credentials`.
-    - `max_message_size`: bytes each way (default: 2 GiB - 1, no practical limit; servers keep their own).
-    - `keepalive_time_ms`, `keepalive_timeout_ms`, `keepalive_permit_without_calls`: HTTP/2 keepalive pings.
-    - `options`: more channel arguments; `compression`: a `grpc.Compression` for every call.
-    - `channel`: an existing grpc channel to use instead (not closed by `close()`).
-    """
-
-    def __init__(
-        self,
-        target: str = "127.0.0.1:8001",
-        *,
-        timeout: float | None = 60.0,
-        headers: Headers | None = None,
-        ssl: bool = False,
-        root_certificates: bytes | None = None,
-        private_key: bytes | None = None,
-        certificate_chain: bytes | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-        max_message_size: int = MAX_MESSAGE_SIZE,
-        keepalive_time_ms: int | None = None,
-        keepalive_timeout_ms: int | None = None,
-        keepalive_permit_without_calls: bool = False,
-        options: Sequence[tuple[str, Any]] = (),
-        compression: grpc.Compression | None = None,
-        channel: grpc.Channel | None = None,
-    ) -> None:
-        super().__init__(target, timeout, headers, compression)
-        self._owned = channel is None
-        if channel is None:
-            args = _channel_options(
-                max_message_size, keepalive_time_ms, keepalive_timeout_ms, keepalive_permit_without_calls, options
-            )
-            if credentials is None and (ssl or root_certificates or private_key or certificate_chain):
-                credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            if credentials is not None:
-                channel = grpc.secure_channel(self.target, credentials, options=args)
-            else:
-                channel = grpc.insecure_channel(self.target, options=args)
-        self.channel = channel
-        self._stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        # ModelInfer with the messages as bytes, written and read by encode_infer_request_bytes and
-        # decode_infer_response_bytes rather than by the stub's protobuf (de)serializers
-        self._infer: grpc.UnaryUnaryMultiCallable[bytes, bytes] = cast(
-            "grpc.UnaryUnaryMultiCallable[bytes, bytes]", channel.unary_unary(_INFER_METHOD, **_REGISTERED)
-        )
-
-    def close(self) -> None:
-        """Close the channel (unless it was given to the constructor)."""
-        if self._owned:
-            self.channel.close()
-
-    def __enter__(self) -> GrpcClient:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _call(
-        self,
-        method: grpc.UnaryUnaryMultiCallable[_Req, _Resp],
-        request: _Req,
-        headers: Headers | None,
-        timeout: float | None,
-    ) -> _Resp:
-        try:
-            return method(
-                request, timeout=self._deadline(timeout), metadata=self._metadata(headers), compression=self.compression
-            )
-        except grpc.RpcError as exc:
-            raise from_grpc(exc) from None
+    _stub_type = grpc_service_pb2_grpc.GRPCInferenceServiceStub
+    _messages = INFER
+    _infer_method = _INFER_METHOD
+    _stub: grpc_service_pb2_grpc.GRPCInferenceServiceStub
 
     def server_live(
         self,
@@ -396,7 +87,7 @@ class GrpcClient(_GrpcBase):
         """Liveness: whether the server process can take requests at all."""
         request = pb_grpc_service.ServerLiveRequest()
         reply = self._call(self._stub.ServerLive, request, headers, timeout)
-        answer = _answer('ServerLiveResponse', reply, {})
+        answer = answer_of('ServerLiveResponse', reply, {})
         return validated(models.ServerLiveResponse, answer)
 
     def server_ready(
@@ -408,7 +99,7 @@ class GrpcClient(_GrpcBase):
         """Readiness: whether the server is ready to run inference."""
         request = pb_grpc_service.ServerReadyRequest()
         reply = self._call(self._stub.ServerReady, request, headers, timeout)
-        answer = _answer('ServerReadyResponse', reply, {})
+        answer = answer_of('ServerReadyResponse', reply, {})
         return validated(models.ServerReadyResponse, answer)
 
     def model_ready(
@@ -422,7 +113,7 @@ class GrpcClient(_GrpcBase):
         """Readiness of one model (and optionally one version of it)."""
         request = pb_grpc_service.ModelReadyRequest(name=model, version=version)
         reply = self._call(self._stub.ModelReady, request, headers, timeout)
-        answer = _answer('ModelReadyResponse', reply, {'name': model})
+        answer = answer_of('ModelReadyResponse', reply, {'name': model})
         return validated(models.ModelReadyResponse, answer)
 
     def server_metadata(
@@ -434,7 +125,7 @@ class GrpcClient(_GrpcBase):
         """Name, version and enabled extensions of the server."""
         request = pb_grpc_service.ServerMetadataRequest()
         reply = self._call(self._stub.ServerMetadata, request, headers, timeout)
-        answer = _answer('MetadataServerResponse', reply, {})
+        answer = answer_of('MetadataServerResponse', reply, {})
         return validated(models.MetadataServerResponse, answer)
 
     def model_metadata(
@@ -448,7 +139,7 @@ class GrpcClient(_GrpcBase):
         """Tensors, versions and platform of one model."""
         request = pb_grpc_service.ModelMetadataRequest(name=model, version=version)
         reply = self._call(self._stub.ModelMetadata, request, headers, timeout)
-        answer = _answer('MetadataModelResponse', reply, {})
+        answer = answer_of('MetadataModelResponse', reply, {})
         return validated(models.MetadataModelResponse, answer)
 
     def infer(
@@ -472,11 +163,7 @@ class GrpcClient(_GrpcBase):
         `datatypes`: datatypes by input name where the dtype alone does not say. Tensors travel as
         `raw_input_contents`; outputs are read from raw or typed contents. `binary` is for REST and ignored here.
         """
-        request = encode_infer_request_bytes(
-            model, version, prepare_inputs(inputs, datatypes), requested_outputs(outputs), request_id=id,
-            parameters=parameters,
-        )
-        return decode_infer_response_bytes(self._call(self._infer, request, headers, timeout))
+        return self._infer_call(model, inputs, outputs, version, id, parameters, datatypes, headers, timeout)
 
     def stream_infer(
         self,
@@ -499,29 +186,10 @@ class GrpcClient(_GrpcBase):
         written (InvalidArgument) ends the stream after the answers to the requests before it. `timeout` bounds
         the whole stream.
         """
-        failed: list[BaseException] = []  # what went wrong while writing the requests (grpc only sees an end)
-
-        def messages() -> Iterator[pb_grpc_service.ModelInferRequest]:
-            try:
-                for item in requests:
-                    yield _stream_request(model, version, item, datatypes)
-            except Exception as exc:
-                failed.append(exc)
-
-        call = self._stub.ModelStreamInfer(
-            messages(), timeout=timeout, metadata=self._metadata(headers), compression=self.compression
+        yield from self._stream_infer(
+            self._stub.ModelStreamInfer, ('infer_response', 'error_message'), model, requests, version, datatypes,
+            headers, timeout, raise_errors,
         )
-        try:
-            for reply in call:
-                yield _stream_result(reply.infer_response, reply.error_message, raise_errors)
-        except grpc.RpcError as exc:
-            if failed:
-                raise failed[0] from None
-            raise from_grpc(exc) from None
-        finally:
-            call.cancel()
-        if failed:
-            raise failed[0]
 
     def model_config(
         self,
@@ -534,7 +202,7 @@ class GrpcClient(_GrpcBase):
         """Configuration of one model (model configuration extension)."""
         request = pb_grpc_service.ModelConfigRequest(name=model, version=version)
         reply = self._call(self._stub.ModelConfig, request, headers, timeout)
-        answer = _answer('ModelConfigResponse', reply, {})
+        answer = answer_of('ModelConfigResponse', reply, {})
         return validated(models.ModelConfigResponse, answer)
 
     def model_statistics(
@@ -548,7 +216,7 @@ class GrpcClient(_GrpcBase):
         """Cumulative inference statistics (statistics extension)."""
         request = pb_grpc_service.ModelStatisticsRequest(name=model, version=version)
         reply = self._call(self._stub.ModelStatistics, request, headers, timeout)
-        answer = _answer('ModelStatisticsResponse', reply, {})
+        answer = answer_of('ModelStatisticsResponse', reply, {})
         return validated(models.ModelStatisticsResponse, answer)
 
     def repository_index(
@@ -562,7 +230,7 @@ class GrpcClient(_GrpcBase):
         payload = body(models.RepositoryIndexRequest, {'ready': ready})
         request = convert.repository_index_request_to_proto(payload)
         reply = self._call(self._stub.RepositoryIndex, request, headers, timeout)
-        answer = _answer('RepositoryIndexResponse', reply, {})
+        answer = answer_of('RepositoryIndexResponse', reply, {})
         return validated_list(_RepositoryIndexResponse, answer)
 
     def repository_model_load(
@@ -601,7 +269,7 @@ class GrpcClient(_GrpcBase):
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
         request = pb_grpc_service.SystemSharedMemoryStatusRequest(name=region)
         reply = self._call(self._stub.SystemSharedMemoryStatus, request, headers, timeout)
-        answer = _answer('SystemSharedMemoryStatusResponse', reply, {})
+        answer = answer_of('SystemSharedMemoryStatusResponse', reply, {})
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     def system_shared_memory_register(
@@ -644,7 +312,7 @@ class GrpcClient(_GrpcBase):
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
         request = pb_grpc_service.CudaSharedMemoryStatusRequest(name=region)
         reply = self._call(self._stub.CudaSharedMemoryStatus, request, headers, timeout)
-        answer = _answer('CudaSharedMemoryStatusResponse', reply, {})
+        answer = answer_of('CudaSharedMemoryStatusResponse', reply, {})
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     def cuda_shared_memory_register(
@@ -706,88 +374,14 @@ class GrpcClient(_GrpcBase):
         raise Unimplemented(_REST_ONLY['GenerateStream'])
 
 
-class AsyncGrpcClient(_GrpcBase):
-    """An asyncio gRPC client of an Open Inference Protocol server (grpc.aio, `inference.GRPCInferenceService`).
+class AsyncGrpcClient(AsyncGrpcClientBase):
+    """An asyncio gRPC client of an Open Inference Protocol server (grpc.aio, `inference.GRPCInferenceService`):
+    one method per operation of the spec. The constructor's options are `AsyncGrpcClientBase`'s."""
 
-    One channel per client; use it as an async context manager or call `await close()`.
-
-    - `target`: `host:port` (a `scheme://` prefix is dropped).
-    - `timeout`: seconds per call (None: no deadline); each method also takes `timeout=` (streams: no default).
-    - `headers`: call metadata sent with every call (each method also takes `headers=`); keys are lower-cased.
-    - TLS: `ssl=True` (system roots), or `root_certificates` / `private_key` / `certificate_chain` (PEM bytes), or
-      ready `credentials`.
-    - `max_message_size`: bytes each way (default: 2 GiB - 1, no practical limit; servers keep their own).
-    - `keepalive_time_ms`, `keepalive_timeout_ms`, `keepalive_permit_without_calls`: HTTP/2 keepalive pings.
-    - `options`: more channel arguments; `compression`: a `grpc.Compression` for every call.
-    - `channel`: an existing grpc.aio channel to use instead (not closed by `close()`).
-    """
-
-    def __init__(
-        self,
-        target: str = "127.0.0.1:8001",
-        *,
-        timeout: float | None = 60.0,
-        headers: Headers | None = None,
-        ssl: bool = False,
-        root_certificates: bytes | None = None,
-        private_key: bytes | None = None,
-        certificate_chain: bytes | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-        max_message_size: int = MAX_MESSAGE_SIZE,
-        keepalive_time_ms: int | None = None,
-        keepalive_timeout_ms: int | None = None,
-        keepalive_permit_without_calls: bool = False,
-        options: Sequence[tuple[str, Any]] = (),
-        compression: grpc.Compression | None = None,
-        channel: grpc.aio.Channel | None = None,
-    ) -> None:
-        super().__init__(target, timeout, headers, compression)
-        self._owned = channel is None
-        if channel is None:
-            args = _channel_options(
-                max_message_size, keepalive_time_ms, keepalive_timeout_ms, keepalive_permit_without_calls, options
-            )
-            if credentials is None and (ssl or root_certificates or private_key or certificate_chain):
-                credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            if credentials is not None:
-                channel = grpc.aio.secure_channel(self.target, credentials, options=args)
-            else:
-                channel = grpc.aio.insecure_channel(self.target, options=args)
-        self.channel = channel
-        self._stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        # ModelInfer with the messages as bytes, written and read by encode_infer_request_bytes and
-        # decode_infer_response_bytes rather than by the stub's protobuf (de)serializers
-        self._infer: grpc.UnaryUnaryMultiCallable[bytes, bytes] = cast(
-            "grpc.UnaryUnaryMultiCallable[bytes, bytes]", channel.unary_unary(_INFER_METHOD, **_REGISTERED)
-        )
-
-    async def close(self) -> None:
-        """Close the channel (unless it was given to the constructor)."""
-        if self._owned:
-            await self.channel.close()
-
-    async def __aenter__(self) -> AsyncGrpcClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def _call(
-        self,
-        method: grpc.UnaryUnaryMultiCallable[_Req, _Resp],
-        request: _Req,
-        headers: Headers | None,
-        timeout: float | None,
-    ) -> _Resp:
-        try:
-            call = cast("grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp]", method)
-            return await call(
-                request, timeout=self._deadline(timeout), metadata=self._metadata(headers), compression=self.compression
-            )
-        except grpc.RpcError as exc:
-            raise from_grpc(exc) from None
+    _stub_type = grpc_service_pb2_grpc.GRPCInferenceServiceStub
+    _messages = INFER
+    _infer_method = _INFER_METHOD
+    _stub: grpc_service_pb2_grpc.GRPCInferenceServiceStub
 
     async def server_live(
         self,
@@ -798,7 +392,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Liveness: whether the server process can take requests at all."""
         request = pb_grpc_service.ServerLiveRequest()
         reply = await self._call(self._stub.ServerLive, request, headers, timeout)
-        answer = _answer('ServerLiveResponse', reply, {})
+        answer = answer_of('ServerLiveResponse', reply, {})
         return validated(models.ServerLiveResponse, answer)
 
     async def server_ready(
@@ -810,7 +404,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Readiness: whether the server is ready to run inference."""
         request = pb_grpc_service.ServerReadyRequest()
         reply = await self._call(self._stub.ServerReady, request, headers, timeout)
-        answer = _answer('ServerReadyResponse', reply, {})
+        answer = answer_of('ServerReadyResponse', reply, {})
         return validated(models.ServerReadyResponse, answer)
 
     async def model_ready(
@@ -824,7 +418,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Readiness of one model (and optionally one version of it)."""
         request = pb_grpc_service.ModelReadyRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelReady, request, headers, timeout)
-        answer = _answer('ModelReadyResponse', reply, {'name': model})
+        answer = answer_of('ModelReadyResponse', reply, {'name': model})
         return validated(models.ModelReadyResponse, answer)
 
     async def server_metadata(
@@ -836,7 +430,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Name, version and enabled extensions of the server."""
         request = pb_grpc_service.ServerMetadataRequest()
         reply = await self._call(self._stub.ServerMetadata, request, headers, timeout)
-        answer = _answer('MetadataServerResponse', reply, {})
+        answer = answer_of('MetadataServerResponse', reply, {})
         return validated(models.MetadataServerResponse, answer)
 
     async def model_metadata(
@@ -850,7 +444,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Tensors, versions and platform of one model."""
         request = pb_grpc_service.ModelMetadataRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelMetadata, request, headers, timeout)
-        answer = _answer('MetadataModelResponse', reply, {})
+        answer = answer_of('MetadataModelResponse', reply, {})
         return validated(models.MetadataModelResponse, answer)
 
     async def infer(
@@ -874,11 +468,7 @@ class AsyncGrpcClient(_GrpcBase):
         `datatypes`: datatypes by input name where the dtype alone does not say. Tensors travel as
         `raw_input_contents`; outputs are read from raw or typed contents. `binary` is for REST and ignored here.
         """
-        request = encode_infer_request_bytes(
-            model, version, prepare_inputs(inputs, datatypes), requested_outputs(outputs), request_id=id,
-            parameters=parameters,
-        )
-        return decode_infer_response_bytes(await self._call(self._infer, request, headers, timeout))
+        return await self._infer_call(model, inputs, outputs, version, id, parameters, datatypes, headers, timeout)
 
     async def stream_infer(
         self,
@@ -901,40 +491,11 @@ class AsyncGrpcClient(_GrpcBase):
         written (InvalidArgument) ends the stream after the answers to the requests before it. `timeout` bounds
         the whole stream.
         """
-
-        failed: list[BaseException] = []  # what went wrong while writing the requests (grpc only sees an end)
-
-        async def messages() -> AsyncIterator[pb_grpc_service.ModelInferRequest]:
-            try:
-                if isinstance(requests, AsyncIterable):
-                    async for item in requests:
-                        yield _stream_request(model, version, item, datatypes)
-                else:
-                    for item in requests:
-                        yield _stream_request(model, version, item, datatypes)
-            except Exception as exc:
-                failed.append(exc)
-
-        call = cast(
-            "grpc.aio.StreamStreamCall[pb_grpc_service.ModelInferRequest, pb_grpc_service.ModelStreamInferResponse]",
-            self._stub.ModelStreamInfer(
-                messages(),  # type: ignore[arg-type]
-                timeout=timeout,
-                metadata=self._metadata(headers),
-                compression=self.compression,
-            ),
-        )
-        try:
-            async for reply in call:
-                yield _stream_result(reply.infer_response, reply.error_message, raise_errors)
-        except grpc.RpcError as exc:
-            if failed:
-                raise failed[0] from None
-            raise from_grpc(exc) from None
-        finally:
-            call.cancel()
-        if failed:
-            raise failed[0]
+        async for result in self._stream_infer(
+            self._stub.ModelStreamInfer, ('infer_response', 'error_message'), model, requests, version, datatypes,
+            headers, timeout, raise_errors,
+        ):
+            yield result
 
     async def model_config(
         self,
@@ -947,7 +508,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Configuration of one model (model configuration extension)."""
         request = pb_grpc_service.ModelConfigRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelConfig, request, headers, timeout)
-        answer = _answer('ModelConfigResponse', reply, {})
+        answer = answer_of('ModelConfigResponse', reply, {})
         return validated(models.ModelConfigResponse, answer)
 
     async def model_statistics(
@@ -961,7 +522,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Cumulative inference statistics (statistics extension)."""
         request = pb_grpc_service.ModelStatisticsRequest(name=model, version=version)
         reply = await self._call(self._stub.ModelStatistics, request, headers, timeout)
-        answer = _answer('ModelStatisticsResponse', reply, {})
+        answer = answer_of('ModelStatisticsResponse', reply, {})
         return validated(models.ModelStatisticsResponse, answer)
 
     async def repository_index(
@@ -975,7 +536,7 @@ class AsyncGrpcClient(_GrpcBase):
         payload = body(models.RepositoryIndexRequest, {'ready': ready})
         request = convert.repository_index_request_to_proto(payload)
         reply = await self._call(self._stub.RepositoryIndex, request, headers, timeout)
-        answer = _answer('RepositoryIndexResponse', reply, {})
+        answer = answer_of('RepositoryIndexResponse', reply, {})
         return validated_list(_RepositoryIndexResponse, answer)
 
     async def repository_model_load(
@@ -1014,7 +575,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Registered system (POSIX) shared-memory regions (system shared memory extension)."""
         request = pb_grpc_service.SystemSharedMemoryStatusRequest(name=region)
         reply = await self._call(self._stub.SystemSharedMemoryStatus, request, headers, timeout)
-        answer = _answer('SystemSharedMemoryStatusResponse', reply, {})
+        answer = answer_of('SystemSharedMemoryStatusResponse', reply, {})
         return validated_list(_SystemSharedMemoryStatusResponse, answer)
 
     async def system_shared_memory_register(
@@ -1057,7 +618,7 @@ class AsyncGrpcClient(_GrpcBase):
         """Registered CUDA shared-memory regions (CUDA shared memory extension)."""
         request = pb_grpc_service.CudaSharedMemoryStatusRequest(name=region)
         reply = await self._call(self._stub.CudaSharedMemoryStatus, request, headers, timeout)
-        answer = _answer('CudaSharedMemoryStatusResponse', reply, {})
+        answer = answer_of('CudaSharedMemoryStatusResponse', reply, {})
         return validated_list(_CudaSharedMemoryStatusResponse, answer)
 
     async def cuda_shared_memory_register(
