@@ -55,6 +55,24 @@ def test_hooks_keep_a_vendored_copy_in_step_with_its_spec(tmp_path: Path) -> Non
     assert run(check).returncode == 0
 
 
+def test_a_changed_golden_example_rewrites_only_the_cases(tmp_path: Path) -> None:
+    """The spec's hash lives in the manifest only: a golden example that changes makes the golden cases stale
+    (package data) and nothing else, not every file that once carried the hash."""
+    import subprocess
+
+    project = _project(tmp_path)
+    check, build = _hook("oipgen-check"), _hook("oipgen-build")
+    assert subprocess.run(build, cwd=project, capture_output=True, text=True, timeout=300).returncode == 0
+    example = project / "protocol" / "examples" / "server_live.yaml"
+    text = example.read_text()
+    assert "summary:" in text
+    example.write_text(text.replace("summary:", "summary: Changed.", 1))
+    stale = subprocess.run(check, cwd=project, capture_output=True, text=True, timeout=300)
+    assert stale.returncode == 1
+    changed = sorted(line.split("changed: ", 1)[1] for line in stale.stderr.splitlines() if "changed: " in line)
+    assert changed == ["_oipgen_manifest.json", "conformance.json"], stale.stderr
+
+
 def test_readme_documents_the_ci_recipe() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "oipgen build --check" in readme
