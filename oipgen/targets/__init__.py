@@ -79,8 +79,9 @@ TARGET_PARTS: dict[str, tuple[str, ...]] = {
 }
 PUBLIC = tuple(t for t in TARGETS if t != "package")
 # The runtime's modules at the package's top level belong to `models` (the core part), except these, which the
-# `server` target ships: the conformance runner's engine (it needs httpx and grpc).
-SERVER_TOP_LEVEL: tuple[str, ...] = ("conformance_engine.py",)
+# target named ships with the part it builds: the conformance runner's engine (httpx and grpc) and the converters'
+# rules (protobuf).
+TOP_LEVEL_RUNTIME: dict[str, str] = {"conformance_engine.py": "server", "convert_base.py": "grpc"}
 
 
 def resolve(names: list[str]) -> list[str]:
@@ -129,6 +130,13 @@ def render_folder(ctx: Context, tree: Tree, folder: str, extra: tuple[str, ...] 
     plan = {b.schema: b for b in bindings(ctx.api)}
     for name in names:
         tree.add(name.removesuffix(".jinja"), ctx.renderer.render(name, bindings=plan))
+
+
+def copy_top_level_runtime(ctx: Context, tree: Tree, target: str) -> None:
+    """Copy the runtime's top-level modules that belong to `target` (`TOP_LEVEL_RUNTIME`, `models` the rest)."""
+    for rel, source in ctx.renderer.runtime_files("").items():
+        if TOP_LEVEL_RUNTIME.get(rel, "models") == target:
+            tree.add(rel, ctx.renderer.copy(source))
 
 
 def data_file(payload: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..bindings import all_param_cases, bindings
 from ..load_proto import run_protoc
 from ..output import Tree
-from . import Context
+from . import Context, copy_top_level_runtime
 
 _DEFAULT_POOL = "_descriptor_pool.Default().AddSerializedFile("
 _MESSAGES_MODULE = re.compile(r"(_builder\.BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'[\w.]+'")
@@ -66,6 +66,7 @@ def build(ctx: Context, tree: Tree) -> None:
     tree.add("grpc/_pool.py", ctx.renderer.render("grpc/_pool.py.jinja"))
     for rel, source in ctx.renderer.runtime_files("grpc").items():  # wire
         tree.add(rel, ctx.renderer.copy(source))
+    copy_top_level_runtime(ctx, tree, "grpc")  # convert_base
     tree.add("grpc/__init__.py", ctx.renderer.render("grpc/__init__.py.jinja", modules=modules))
     # grpcio-tools types the messages only; the service's stub is rendered from the API model.
     tree.add(f"grpc/{ctx.api.service_module}_pb2_grpc.pyi", ctx.renderer.render("grpc/service_pb2_grpc.pyi.jinja"))

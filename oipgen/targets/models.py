@@ -15,7 +15,7 @@ from typing import Any
 
 from ..bindings import all_param_cases, bindings
 from ..output import Tree
-from . import SERVER_TOP_LEVEL, Context
+from . import Context, copy_top_level_runtime
 
 # datamodel-code-generator writes the base class import from an absolute path; this placeholder module is
 # rewritten to the package's own `_base` so the package stays relocatable.
@@ -61,9 +61,7 @@ def build(ctx: Context, tree: Tree) -> None:
     if code.count(placeholder) != 1:
         raise RuntimeError("datamodel-code-generator output has no base-class import to relocate")
     tree.add("models.py", code.replace(placeholder, "from ._base import OipModel"))
-    for rel, source in ctx.renderer.runtime_files("").items():  # _base, codec, framing
-        if rel not in SERVER_TOP_LEVEL:
-            tree.add(rel, ctx.renderer.copy(source))
+    copy_top_level_runtime(ctx, tree, "models")  # _base, codec, framing, bodies_base
     tree.add("datatypes.py", ctx.renderer.render("datatypes.py.jinja"))
     tree.add("extensions.py", ctx.renderer.render("extensions.py.jinja"))
     tree.add("bodies.py", ctx.renderer.render(

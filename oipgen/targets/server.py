@@ -5,14 +5,12 @@ document (served at /openapi.json) and the golden cases of the conformance suite
 from __future__ import annotations
 
 from ..output import Tree
-from . import SERVER_TOP_LEVEL, Context, data_file, render_folder
+from . import Context, copy_top_level_runtime, data_file, render_folder
 
 
 def build(ctx: Context, tree: Tree) -> None:
     render_folder(ctx, tree, "server", extra=("__main__.py.jinja", "conformance.py.jinja"))
-    top_level = ctx.renderer.runtime_files("")
-    for rel in SERVER_TOP_LEVEL:
-        tree.add(rel, ctx.renderer.copy(top_level[rel]))
+    copy_top_level_runtime(ctx, tree, "server")  # conformance_engine
     tree.add("server/openapi.json", data_file({"document": ctx.api.openapi}))
     cases = [
         {"name": case.name, "summary": case.summary, "operation": case.operation,
