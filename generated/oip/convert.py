@@ -12,30 +12,27 @@ The field-by-field plan (`bodies.BINDINGS`) is rendered from the spec's x-oip ti
   plain JSON values (dicts and lists), for code that never builds pydantic models;
 - `<schema>_to_proto(model, ...)` and `<schema>_from_proto(message, ...)` are the typed forms, one per schema that
   is a whole REST body (nested schemas convert through the functions above).
+
+The rules are `convert_base`'s (`Converter`); this module holds the spec's tables and typed forms.
 """
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Mapping, MutableSequence
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf.message import Message
 from pydantic import TypeAdapter
 
-from . import codec, models
-from .bodies import BINDINGS, PARAM_SCHEMAS, PARAMS, Binding, ParamCases
+from . import models
+from .bodies import BINDINGS, PARAM_SCHEMAS, PARAMS
+from .convert_base import INT64_MAX, INT64_MIN, UINT64_MAX, ConvertError, Converter, dump
 from .grpc import model_config_pb2
 from .grpc import grpc_service_pb2
 
-INT64_MAX = 2**63 - 1
-INT64_MIN = -(2**63)
-UINT64_MAX = 2**64 - 1
-
-
-class ConvertError(ValueError):
-    """A value that has no form on the other side (a parameter of the wrong type, tensor data that does not decode)."""
-
+__all__ = [
+    "INT64_MAX", "INT64_MIN", "MESSAGES", "REQUESTS", "UINT64_MAX", "ConvertError", "params_from_proto",
+    "params_to_proto", "proto_to_rest", "request_to_proto", "rest_to_proto",
+]
 
 # The protobuf message of each schema; the field-by-field plan is `bodies.BINDINGS`.
 MESSAGES: dict[str, type[Message]] = {
@@ -112,307 +109,21 @@ REQUESTS: dict[str, tuple[type[Message], str | None]] = {
     'cuda_shared_memory_unregister': (grpc_service_pb2.CudaSharedMemoryUnregisterRequest, None),
 }
 
-
-# -- REST -> protobuf ----------------------------------------------------------------------------------------------
-def rest_to_proto(
-    schema: str, body: Any, *, raw: bool = False, path: Mapping[str, Any] | None = None, strict: bool = False
-) -> Message:
-    """Build the protobuf message for the REST body `body` of `schema`.
-
-    `path` fills request fields that REST carries in the URL (`{"model_name": "simple"}`); with `raw=True`
-    tensor data goes into the message's `raw_*_contents` instead of typed `contents`. A JSON null stands for an
-    absent field, or with `strict=True` (a server reading a request) is a ConvertError: no field takes null.
-    """
-    b = BINDINGS[schema]
-    msg = MESSAGES[schema]()
-    if b.unwrap is not None:
-        _fill_unwrapped(b, body, msg, raw, strict)
-    else:
-        if not isinstance(body, Mapping):
-            raise ConvertError(f"{schema}: expected a JSON object")
-        _fill(b, body, msg, raw, None, strict)
-    for name, value in (path or {}).items():
-        if value is not None:
-            setattr(msg, name, value)
-    return msg
-
-
-def request_to_proto(
-    operation: str, body: Any = None, *, raw: bool = False, path: Mapping[str, Any] | None = None,
-    strict: bool = False,
-) -> Message:
-    """The request message of `operation` (a key of `REQUESTS`) from its REST form: the fields its path fills and
-    its JSON body (None: the request has none; an operation without a body schema takes none). `strict`: see
-    `rest_to_proto`."""
-    message_type, schema = REQUESTS[operation]
-    if schema is not None:
-        return rest_to_proto(schema, {} if body is None else body, raw=raw, path=path, strict=strict)
-    if body is not None:
-        raise ConvertError(f"{operation} takes no request body")
-    msg = message_type()
-    for name, value in (path or {}).items():
-        if name not in msg.DESCRIPTOR.fields_by_name:
-            raise ConvertError(f"{operation}: {name!r} is not a field of {msg.DESCRIPTOR.full_name}")
-        if value is not None:
-            setattr(msg, name, value)
-    return msg
-
-
-def _fill_unwrapped(b: Binding, body: Any, msg: Message, raw: bool, strict: bool) -> None:
-    item = BINDINGS[b.item_schema or ""]
-    target = getattr(msg, b.unwrap or "")
-    if b.unwrap_kind == "message":
-        target.SetInParent()
-        _fill(item, body, target, raw, None, strict)
-    elif b.unwrap_kind == "messages":
-        for entry in body:
-            _fill(item, entry, target.add(), raw, None, strict)
-    else:  # message_map: REST lists the map's values, each carrying its key as `name`
-        for entry in body:
-            _fill(item, entry, target[entry["name"]], raw, None, strict)
-
-
-def _fill(
-    b: Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out: MutableSequence[bytes] | None,
-    strict: bool = False,
-) -> None:
-    for f in b.fields:
-        value = body.get(f.prop)
-        if value is None:
-            if strict and f.prop in body:
-                raise ConvertError(f"'{f.prop}' is null; leave the field out instead")
-            continue
-        kind = f.kind
-        if kind == "scalar":
-            if strict and isinstance(getattr(msg, f.field), bool) is not isinstance(value, bool):
-                raise ConvertError(f"'{f.prop}' must be a boolean" if isinstance(getattr(msg, f.field), bool)
-                                   else f"'{f.prop}' must not be a boolean")
-            try:
-                setattr(msg, f.field, value)
-            except TypeError:
-                if not (isinstance(value, float) and value.is_integer()):
-                    raise
-                setattr(msg, f.field, int(value))  # JSON has one number type: 16.0 is the integer 16
-        elif kind == "scalars":
-            getattr(msg, f.field).extend(value)
-        elif kind == "enum":
-            setattr(msg, f.field, _enum_number(msg, f.field, value))
-        elif kind == "enums":
-            getattr(msg, f.field).extend(_enum_number(msg, f.field, v) for v in value)
-        elif kind == "bytes":
-            setattr(msg, f.field, _b64decode(value, f.prop))
-        elif kind == "message":
-            sub = getattr(msg, f.field)
-            sub.SetInParent()
-            _fill(BINDINGS[f.schema or ""], value, sub, raw, None, strict)
-        elif kind == "messages":
-            nested = BINDINGS[f.schema or ""]
-            sink = getattr(msg, b.raw[1]) if raw and b.raw is not None and b.raw[0] == f.prop else None
-            container = getattr(msg, f.field)
-            for entry in value:
-                _fill(nested, entry, container.add(), raw, sink, strict)
-        elif kind == "message_map":
-            nested = BINDINGS[f.schema or ""]
-            container = getattr(msg, f.field)
-            for key, entry in value.items():
-                _fill(nested, entry, container[key], raw, None, strict)
-        elif kind == "scalar_map":
-            getattr(msg, f.field).update(value)
-        elif kind == "params":
-            _fill_params(PARAMS[PARAM_SCHEMAS[f.schema or ""]], value, getattr(msg, f.field), strict)
-        elif kind == "tensor":
-            name = str(body.get("name", ""))
-            try:
-                array = codec.from_json(value, str(body.get("datatype")), body.get("shape") or (), name=name)
-                if raw_out is not None:
-                    raw_out.append(bytes(codec.to_raw(array)))
-                else:
-                    field, values = codec.to_contents(array, str(body.get("datatype")))
-                    getattr(getattr(msg, f.field), field).extend(values)
-            except codec.CodecError as e:
-                raise ConvertError(str(e)) from e
-
-
-def params_to_proto(message: str, params: Mapping[str, Any], target: Any) -> None:
-    """Fill `target`, a protobuf map of `message` values (a parameters map such as `map<string, InferParameter>`),
-    from JSON scalars; ConvertError names a value that has no form there."""
-    _fill_params(PARAMS[message], params, target)
-
-
-def params_from_proto(message: str, entries: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON scalars of a protobuf map of `message` values; entries with no case set are left out."""
-    cases = PARAMS[message]
-    out = {key: _param_value(cases, entries[key]) for key in entries}
-    return {key: value for key, value in out.items() if value is not None}
-
-
-def _fill_params(cases: ParamCases, params: Mapping[str, Any], target: Any, strict: bool = False) -> None:
-    for key, value in params.items():
-        if value is None:
-            if strict:
-                raise ConvertError(f"parameter '{key}' is null; parameter values are booleans, numbers or strings")
-            continue
-        entry = target[key]
-        c = cases.cases
-        if isinstance(value, bool) and "bool" in c:
-            setattr(entry, c["bool"], value)
-        elif isinstance(value, int) and not isinstance(value, bool):
-            if INT64_MIN <= value <= INT64_MAX and "int" in c:
-                setattr(entry, c["int"], value)
-            elif 0 <= value <= UINT64_MAX and "uint" in c:
-                setattr(entry, c["uint"], value)
-            else:
-                del target[key]
-                raise ConvertError(f"parameter {key!r}: integer {value} is out of range")
-        elif isinstance(value, float) and "float" in c:
-            setattr(entry, c["float"], value)
-        elif isinstance(value, str) and "str" in c:
-            setattr(entry, c["str"], value)
-        else:
-            del target[key]
-            raise ConvertError(
-                f"parameter {key!r}: a {type(value).__name__} value has no form here "
-                f"(allowed: {', '.join(sorted(c))})"
-            )
-
-
-def _enum_type(msg: Message, field: str) -> Any:
-    enum = msg.DESCRIPTOR.fields_by_name[field].enum_type
-    assert enum is not None, field
-    return enum
-
-
-def _enum_number(msg: Message, field: str, name: Any) -> int:
-    enum = _enum_type(msg, field)
-    value = enum.values_by_name.get(str(name))
-    if value is None:
-        raise ConvertError(f"{field}: {name!r} is not one of {', '.join(enum.values_by_name)}")
-    return int(value.number)
-
-
-def _b64decode(value: Any, prop: str) -> bytes:
-    if isinstance(value, Mapping):  # {"b64": "..."}, as some REST bodies wrap binary values
-        value = value.get("b64", "")
-    try:
-        return base64.b64decode(str(value), validate=True)
-    except ValueError as e:
-        raise ConvertError(f"{prop}: not valid base64") from e
-
-
-# -- protobuf -> REST ----------------------------------------------------------------------------------------------
-def proto_to_rest(schema: str, message: Message, **rest_only: Any) -> Any:
-    """The REST body of `schema` for `message`, as plain JSON values.
-
-    Fields at their proto3 default are left out unless the schema requires them; `rest_only` supplies the
-    properties that only REST has (the model name of a model-ready answer, say).
-    """
-    b = BINDINGS[schema]
-    if b.unwrap is not None:
-        item = BINDINGS[b.item_schema or ""]
-        source = getattr(message, b.unwrap)
-        if b.unwrap_kind == "message":
-            return _read(item, source, None)
-        if b.unwrap_kind == "messages":
-            return [_read(item, entry, None) for entry in source]
-        return [_read(item, source[key], None) for key in sorted(source)]
-    out = _read(b, message, None)
-    out.update(rest_only)
-    return out
-
-
-def _read(b: Binding, msg: Any, raw_in: list[bytes] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in b.fields:
-        kind = f.kind
-        if kind in ("scalar", "enum", "bytes"):
-            if f.oneof is not None:
-                if msg.WhichOneof(f.oneof) != f.field:
-                    continue
-            value = getattr(msg, f.field)
-            if not value and not f.required and f.oneof is None:
-                continue
-            if kind == "enum":
-                value = _enum_type(msg, f.field).values_by_number[value].name
-            elif kind == "bytes":
-                value = base64.b64encode(value).decode("ascii")
-            out[f.prop] = value
-        elif kind in ("scalars", "enums"):
-            values = getattr(msg, f.field)
-            if values or f.required:
-                if kind == "enums":
-                    names = _enum_type(msg, f.field).values_by_number
-                    out[f.prop] = [names[v].name for v in values]
-                else:
-                    out[f.prop] = list(values)
-        elif kind == "message":
-            if msg.HasField(f.field):
-                out[f.prop] = _read(BINDINGS[f.schema or ""], getattr(msg, f.field), None)
-            elif f.required:
-                out[f.prop] = {}
-        elif kind == "messages":
-            entries = getattr(msg, f.field)
-            if entries or f.required:
-                nested = BINDINGS[f.schema or ""]
-                source = list(getattr(msg, b.raw[1])) if b.raw is not None and b.raw[0] == f.prop else None
-                out[f.prop] = [_read(nested, entry, source) for entry in entries]
-        elif kind == "message_map":
-            entries = getattr(msg, f.field)
-            if entries or f.required:
-                nested = BINDINGS[f.schema or ""]
-                out[f.prop] = {key: _read(nested, entries[key], None) for key in sorted(entries)}
-        elif kind == "scalar_map":
-            entries = getattr(msg, f.field)
-            if entries or f.required:
-                out[f.prop] = {key: entries[key] for key in sorted(entries)}
-        elif kind == "params":
-            entries = getattr(msg, f.field)
-            if entries or f.required:
-                cases = PARAMS[PARAM_SCHEMAS[f.schema or ""]]
-                out[f.prop] = {key: _param_value(cases, entries[key]) for key in sorted(entries)}
-        elif kind == "tensor":
-            data = _read_tensor(msg, f.field, raw_in)
-            if data is not None:
-                out[f.prop] = data
-    return out
-
-
-def _param_value(cases: ParamCases, entry: Any) -> Any:
-    which = entry.WhichOneof(cases.oneof)
-    if which is None:
-        return None
-    value = getattr(entry, which)
-    return base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
-
-
-def _read_tensor(msg: Any, field: str, raw_in: list[bytes] | None) -> list[Any] | None:
-    datatype, shape, name = msg.datatype, list(msg.shape), msg.name
-    try:
-        if msg.HasField(field):
-            contents = getattr(msg, field)
-            which = [f.name for f, _ in contents.ListFields()]
-            if len(which) > 1:
-                raise ConvertError(f"tensor {name!r}: contents set in more than one field: {', '.join(which)}")
-            values = getattr(contents, which[0]) if which else []
-            return codec.to_json(codec.from_contents(values, datatype, shape, name=name), datatype)
-        if raw_in:
-            return codec.to_json(codec.from_raw(raw_in.pop(0), datatype, shape, name=name), datatype)
-    except codec.CodecError as e:
-        raise ConvertError(str(e)) from e
-    return None
+_CONVERTER: Final = Converter(MESSAGES, REQUESTS, BINDINGS, PARAMS, PARAM_SCHEMAS)
+rest_to_proto = _CONVERTER.rest_to_proto
+request_to_proto = _CONVERTER.request_to_proto
+proto_to_rest = _CONVERTER.proto_to_rest
+params_to_proto = _CONVERTER.params_to_proto
+params_from_proto = _CONVERTER.params_from_proto
 
 
 # -- typed forms -----------------------------------------------------------------------------------------------
-def _dump(model: Any) -> Any:
-    if isinstance(model, list):
-        return [_dump(m) for m in model]
-    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
-
 
 def server_live_response_to_proto(
     model: models.ServerLiveResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ServerLiveResponse:
     """`models.ServerLiveResponse` -> `inference.ServerLiveResponse`."""
-    msg = rest_to_proto('ServerLiveResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('ServerLiveResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ServerLiveResponse)
     return msg
 
@@ -426,7 +137,7 @@ def server_ready_response_to_proto(
     model: models.ServerReadyResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ServerReadyResponse:
     """`models.ServerReadyResponse` -> `inference.ServerReadyResponse`."""
-    msg = rest_to_proto('ServerReadyResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('ServerReadyResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ServerReadyResponse)
     return msg
 
@@ -440,7 +151,7 @@ def model_ready_response_to_proto(
     model: models.ModelReadyResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelReadyResponse:
     """`models.ModelReadyResponse` -> `inference.ModelReadyResponse`."""
-    msg = rest_to_proto('ModelReadyResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('ModelReadyResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ModelReadyResponse)
     return msg
 
@@ -454,7 +165,7 @@ def metadata_server_response_to_proto(
     model: models.MetadataServerResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ServerMetadataResponse:
     """`models.MetadataServerResponse` -> `inference.ServerMetadataResponse`."""
-    msg = rest_to_proto('MetadataServerResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('MetadataServerResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ServerMetadataResponse)
     return msg
 
@@ -468,7 +179,7 @@ def metadata_model_response_to_proto(
     model: models.MetadataModelResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelMetadataResponse:
     """`models.MetadataModelResponse` -> `inference.ModelMetadataResponse`."""
-    msg = rest_to_proto('MetadataModelResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('MetadataModelResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ModelMetadataResponse)
     return msg
 
@@ -482,7 +193,7 @@ def inference_request_to_proto(
     model: models.InferenceRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelInferRequest:
     """`models.InferenceRequest` -> `inference.ModelInferRequest`."""
-    msg = rest_to_proto('InferenceRequest', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('InferenceRequest', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ModelInferRequest)
     return msg
 
@@ -496,7 +207,7 @@ def inference_response_to_proto(
     model: models.InferenceResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelInferResponse:
     """`models.InferenceResponse` -> `inference.ModelInferResponse`."""
-    msg = rest_to_proto('InferenceResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('InferenceResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ModelInferResponse)
     return msg
 
@@ -510,7 +221,7 @@ def repository_index_request_to_proto(
     model: models.RepositoryIndexRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.RepositoryIndexRequest:
     """`models.RepositoryIndexRequest` -> `inference.RepositoryIndexRequest`."""
-    msg = rest_to_proto('RepositoryIndexRequest', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('RepositoryIndexRequest', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.RepositoryIndexRequest)
     return msg
 
@@ -524,7 +235,7 @@ def repository_index_response_to_proto(
     model: list[models.ModelIndex], *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.RepositoryIndexResponse:
     """`models.RepositoryIndexResponse` -> `inference.RepositoryIndexResponse`."""
-    msg = rest_to_proto('RepositoryIndexResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('RepositoryIndexResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.RepositoryIndexResponse)
     return msg
 
@@ -538,7 +249,7 @@ def repository_model_load_request_to_proto(
     model: models.RepositoryModelLoadRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.RepositoryModelLoadRequest:
     """`models.RepositoryModelLoadRequest` -> `inference.RepositoryModelLoadRequest`."""
-    msg = rest_to_proto('RepositoryModelLoadRequest', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('RepositoryModelLoadRequest', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.RepositoryModelLoadRequest)
     return msg
 
@@ -552,7 +263,7 @@ def repository_model_unload_request_to_proto(
     model: models.RepositoryModelUnloadRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.RepositoryModelUnloadRequest:
     """`models.RepositoryModelUnloadRequest` -> `inference.RepositoryModelUnloadRequest`."""
-    msg = rest_to_proto('RepositoryModelUnloadRequest', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('RepositoryModelUnloadRequest', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.RepositoryModelUnloadRequest)
     return msg
 
@@ -566,7 +277,7 @@ def model_statistics_response_to_proto(
     model: models.ModelStatisticsResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelStatisticsResponse:
     """`models.ModelStatisticsResponse` -> `inference.ModelStatisticsResponse`."""
-    msg = rest_to_proto('ModelStatisticsResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('ModelStatisticsResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ModelStatisticsResponse)
     return msg
 
@@ -580,7 +291,7 @@ def model_config_response_to_proto(
     model: models.ModelConfigResponse, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.ModelConfigResponse:
     """`models.ModelConfigResponse` -> `inference.ModelConfigResponse`."""
-    msg = rest_to_proto('ModelConfigResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('ModelConfigResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.ModelConfigResponse)
     return msg
 
@@ -594,7 +305,7 @@ def system_shared_memory_status_response_to_proto(
     model: list[models.SystemSharedMemoryRegionStatus], *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.SystemSharedMemoryStatusResponse:
     """`models.SystemSharedMemoryStatusResponse` -> `inference.SystemSharedMemoryStatusResponse`."""
-    msg = rest_to_proto('SystemSharedMemoryStatusResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('SystemSharedMemoryStatusResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.SystemSharedMemoryStatusResponse)
     return msg
 
@@ -608,7 +319,7 @@ def system_shared_memory_register_request_to_proto(
     model: models.SystemSharedMemoryRegisterRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.SystemSharedMemoryRegisterRequest:
     """`models.SystemSharedMemoryRegisterRequest` -> `inference.SystemSharedMemoryRegisterRequest`."""
-    msg = rest_to_proto('SystemSharedMemoryRegisterRequest', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('SystemSharedMemoryRegisterRequest', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.SystemSharedMemoryRegisterRequest)
     return msg
 
@@ -622,7 +333,7 @@ def cuda_shared_memory_status_response_to_proto(
     model: list[models.CudaSharedMemoryRegionStatus], *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.CudaSharedMemoryStatusResponse:
     """`models.CudaSharedMemoryStatusResponse` -> `inference.CudaSharedMemoryStatusResponse`."""
-    msg = rest_to_proto('CudaSharedMemoryStatusResponse', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('CudaSharedMemoryStatusResponse', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.CudaSharedMemoryStatusResponse)
     return msg
 
@@ -636,7 +347,7 @@ def cuda_shared_memory_register_request_to_proto(
     model: models.CudaSharedMemoryRegisterRequest, *, raw: bool = False, **path: Any
 ) -> grpc_service_pb2.CudaSharedMemoryRegisterRequest:
     """`models.CudaSharedMemoryRegisterRequest` -> `inference.CudaSharedMemoryRegisterRequest`."""
-    msg = rest_to_proto('CudaSharedMemoryRegisterRequest', _dump(model), raw=raw, path=path)
+    msg = rest_to_proto('CudaSharedMemoryRegisterRequest', dump(model), raw=raw, path=path)
     assert isinstance(msg, grpc_service_pb2.CudaSharedMemoryRegisterRequest)
     return msg
 

@@ -49,21 +49,22 @@ class Converter:
 
     def rest_to_proto(
         self,
-        schema: str, body: Any, *, raw: bool = False, path: Mapping[str, Any] | None = None
+        schema: str, body: Any, *, raw: bool = False, path: Mapping[str, Any] | None = None, strict: bool = False
     ) -> Message:
         """Build the protobuf message for the REST body `body` of `schema`.
 
         `path` fills request fields that REST carries in the URL (`{"model_name": "simple"}`); with `raw=True`
-        tensor data goes into the message's `raw_*_contents` instead of typed `contents`.
+        tensor data goes into the message's `raw_*_contents` instead of typed `contents`. A JSON null stands for an
+        absent field, or with `strict=True` (a server reading a request) is a ConvertError: no field takes null.
         """
         b = self.bindings[schema]
         msg = self.messages[schema]()
         if b.unwrap is not None:
-            self._fill_unwrapped(b, body, msg, raw)
+            self._fill_unwrapped(b, body, msg, raw, strict)
         else:
             if not isinstance(body, Mapping):
                 raise ConvertError(f"{schema}: expected a JSON object")
-            self._fill(b, body, msg, raw, None)
+            self._fill(b, body, msg, raw, None, strict)
         for name, value in (path or {}).items():
             if value is not None:
                 setattr(msg, name, value)
@@ -71,13 +72,15 @@ class Converter:
 
     def request_to_proto(
         self,
-        operation: str, body: Any = None, *, raw: bool = False, path: Mapping[str, Any] | None = None
+        operation: str, body: Any = None, *, raw: bool = False, path: Mapping[str, Any] | None = None,
+        strict: bool = False,
     ) -> Message:
         """The request message of `operation` (a key of `REQUESTS`) from its REST form: the fields its path fills and
-        its JSON body (None: the request has none; an operation without a body schema takes none)."""
+        its JSON body (None: the request has none; an operation without a body schema takes none). `strict`: see
+        `rest_to_proto`."""
         message_type, schema = self.requests[operation]
         if schema is not None:
-            return self.rest_to_proto(schema, {} if body is None else body, raw=raw, path=path)
+            return self.rest_to_proto(schema, {} if body is None else body, raw=raw, path=path, strict=strict)
         if body is not None:
             raise ConvertError(f"{operation} takes no request body")
         msg = message_type()
@@ -88,29 +91,41 @@ class Converter:
                 setattr(msg, name, value)
         return msg
 
-    def _fill_unwrapped(self, b: Binding, body: Any, msg: Message, raw: bool) -> None:
+    def _fill_unwrapped(self, b: Binding, body: Any, msg: Message, raw: bool, strict: bool) -> None:
         item = self.bindings[b.item_schema or ""]
         target = getattr(msg, b.unwrap or "")
         if b.unwrap_kind == "message":
             target.SetInParent()
-            self._fill(item, body, target, raw, None)
+            self._fill(item, body, target, raw, None, strict)
         elif b.unwrap_kind == "messages":
             for entry in body:
-                self._fill(item, entry, target.add(), raw, None)
+                self._fill(item, entry, target.add(), raw, None, strict)
         else:  # message_map: REST lists the map's values, each carrying its key as `name`
             for entry in body:
-                self._fill(item, entry, target[entry["name"]], raw, None)
+                self._fill(item, entry, target[entry["name"]], raw, None, strict)
 
     def _fill(
-        self, b: Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out: MutableSequence[bytes] | None
+        self,
+        b: Binding, body: Mapping[str, Any], msg: Message, raw: bool, raw_out: MutableSequence[bytes] | None,
+        strict: bool = False,
     ) -> None:
         for f in b.fields:
             value = body.get(f.prop)
             if value is None:
+                if strict and f.prop in body:
+                    raise ConvertError(f"'{f.prop}' is null; leave the field out instead")
                 continue
             kind = f.kind
             if kind == "scalar":
-                setattr(msg, f.field, value)
+                if strict and isinstance(getattr(msg, f.field), bool) is not isinstance(value, bool):
+                    raise ConvertError(f"'{f.prop}' must be a boolean" if isinstance(getattr(msg, f.field), bool)
+                                       else f"'{f.prop}' must not be a boolean")
+                try:
+                    setattr(msg, f.field, value)
+                except TypeError:
+                    if not (isinstance(value, float) and value.is_integer()):
+                        raise
+                    setattr(msg, f.field, int(value))  # JSON has one number type: 16.0 is the integer 16
             elif kind == "scalars":
                 getattr(msg, f.field).extend(value)
             elif kind == "enum":
@@ -122,22 +137,22 @@ class Converter:
             elif kind == "message":
                 sub = getattr(msg, f.field)
                 sub.SetInParent()
-                self._fill(self.bindings[f.schema or ""], value, sub, raw, None)
+                self._fill(self.bindings[f.schema or ""], value, sub, raw, None, strict)
             elif kind == "messages":
                 nested = self.bindings[f.schema or ""]
                 sink = getattr(msg, b.raw[1]) if raw and b.raw is not None and b.raw[0] == f.prop else None
                 container = getattr(msg, f.field)
                 for entry in value:
-                    self._fill(nested, entry, container.add(), raw, sink)
+                    self._fill(nested, entry, container.add(), raw, sink, strict)
             elif kind == "message_map":
                 nested = self.bindings[f.schema or ""]
                 container = getattr(msg, f.field)
                 for key, entry in value.items():
-                    self._fill(nested, entry, container[key], raw, None)
+                    self._fill(nested, entry, container[key], raw, None, strict)
             elif kind == "scalar_map":
                 getattr(msg, f.field).update(value)
             elif kind == "params":
-                _fill_params(self.params[self.param_schemas[f.schema or ""]], value, getattr(msg, f.field))
+                _fill_params(self.params[self.param_schemas[f.schema or ""]], value, getattr(msg, f.field), strict)
             elif kind == "tensor":
                 name = str(body.get("name", ""))
                 try:
@@ -235,9 +250,11 @@ class Converter:
         return out
 
 
-def _fill_params(cases: ParamCases, params: Mapping[str, Any], target: Any) -> None:
+def _fill_params(cases: ParamCases, params: Mapping[str, Any], target: Any, strict: bool = False) -> None:
     for key, value in params.items():
         if value is None:
+            if strict:
+                raise ConvertError(f"parameter '{key}' is null; parameter values are booleans, numbers or strings")
             continue
         entry = target[key]
         c = cases.cases
