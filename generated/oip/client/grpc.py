@@ -14,6 +14,7 @@ Channels, calls and the inference messages are `grpc_base`'s; this module holds 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import aclosing
 from typing import Any, Final
 
 from pydantic import TypeAdapter
@@ -491,11 +492,13 @@ class AsyncGrpcClient(AsyncGrpcClientBase):
         written (InvalidArgument) ends the stream after the answers to the requests before it. `timeout` bounds
         the whole stream.
         """
-        async for result in self._stream_infer(
+        # Closed with this generator, so that a caller who stops early cancels the call at once.
+        async with aclosing(self._stream_infer(
             self._stub.ModelStreamInfer, ('infer_response', 'error_message'), model, requests, version, datatypes,
             headers, timeout, raise_errors,
-        ):
-            yield result
+        )) as results:
+            async for result in results:
+                yield result
 
     async def model_config(
         self,

@@ -10,6 +10,7 @@ or typed `contents`, whichever the server answers with.
 from __future__ import annotations
 
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Iterable,
@@ -531,7 +532,7 @@ class AsyncGrpcClientBase(_GrpcBase):
         self, method: Any, fields: tuple[str, str], model: str,
         requests: Iterable[InferRequest | Inputs] | AsyncIterable[InferRequest | Inputs], version: str,
         datatypes: Mapping[str, str] | None, headers: Headers | None, timeout: float | None, raise_errors: bool,
-    ) -> AsyncIterator[InferResult]:
+    ) -> AsyncGenerator[InferResult, None]:
         """The results of a streaming inference RPC (`method`, the stub's) whose answers carry the inference
         response and the error text in the fields named by `fields`."""
         messages = self._messages
