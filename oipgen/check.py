@@ -321,7 +321,9 @@ class _Checker:
             where = f"components/schemas/{schema.name}/allOf"
             got: dict[str, str] = {}
             for rule in schema.raw.get("allOf") or []:
-                condition = ((rule.get("if") or {}).get("properties") or {}).get("datatype") or {}
+                condition = ((rule.get("if") or {}).get("properties") or {}).get("datatype")
+                if condition is None:  # a rule about something else
+                    continue
                 names = condition.get("enum") or ([condition["const"]] if "const" in condition else [])
                 then = rule.get("then") or {}
                 data = (then.get("properties") or {}).get("data")

@@ -91,6 +91,15 @@ REST: list[tuple[str, str, str, Any, int]] = [
     ("parameter_object", "POST", "/v2/models/simple/infer", simple(parameters={"p": {"a": 1}}), 400),
     ("parameter_array", "POST", "/v2/models/simple/infer", simple(parameters={"p": [1]}), 400),
     ("parameter_null", "POST", "/v2/models/simple/infer", simple(parameters={"p": None}), 400),
+    # JSON null is no value of any field (unknown keys are ignored, whatever their value)
+    ("id_null", "POST", "/v2/models/simple/infer", simple(id=None), 400),
+    ("parameters_null", "POST", "/v2/models/simple/infer", simple(parameters=None), 400),
+    ("outputs_null", "POST", "/v2/models/simple/infer", simple(outputs=None), 400),
+    ("input_parameters_null", "POST", "/v2/models/simple/infer", simple(tensor(parameters=None), INPUT1), 400),
+    ("input_data_null", "POST", "/v2/models/simple/infer",
+     binary(simple(tensor(data=None, parameters={"binary_data_size": 64}) | {"data": None}, INPUT1), I32 * 4), 400),
+    ("output_parameters_null", "POST", "/v2/models/simple/infer",
+     simple(outputs=[{"name": "OUTPUT0", "parameters": None}]), 400),
     ("input_parameters_not_object", "POST", "/v2/models/simple/infer",
      simple(tensor(parameters="x"), INPUT1), 400),
     ("output_parameter_object", "POST", "/v2/models/simple/infer",
@@ -217,6 +226,7 @@ REST: list[tuple[str, str, str, Any, int]] = [
     ("load_parameter_object", "POST", "/v2/repository/models/simple/load", {"parameters": {"config": {}}}, 400),
     ("index_malformed", "POST", "/v2/repository/index", (b"{", {}), 400),
     ("index_array", "POST", "/v2/repository/index", [], 400),
+    ("index_null", "POST", "/v2/repository/index", (b"null", {}), 400),
     ("index_ready_not_bool", "POST", "/v2/repository/index", {"ready": "yes"}, 400),
     # routes and methods (§13 #50, #57)
     ("wrong_method", "GET", "/v2/models/simple/infer", None, 405),
@@ -413,10 +423,25 @@ def test_integral_numbers_are_accepted(http: httpx.Client) -> None:
     outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
     assert outputs["OUTPUT0"] == [a + b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
     assert outputs["OUTPUT1"] == [a - b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
+    # the reserved integer parameters alike: classification 2.0 is 2 (a free-form parameter keeps its number)
+    classified = simple(outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2.0}}])
+    response = http.post("/v2/models/simple/infer", json=classified)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["outputs"][0]["data"]) == 2 and response.json()["outputs"][0]["datatype"] == "BYTES"
+    refused = simple(outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2.5}}])
+    assert "expected an integer, got 2.5" in assert_error_body(http.post("/v2/models/simple/infer", json=refused), 400)
     big = {"inputs": [tensor(shape=[3], datatype="UINT64", data=[0.0, 2.0**53, 2**64 - 1])]}
     response = http.post("/v2/models/identity_uint64/infer", json=big)
     assert response.status_code == 200, response.text
     assert response.json()["outputs"][0]["data"] == [0, 2**53, 2**64 - 1]
+
+
+def test_unknown_keys_are_ignored_even_null(http: httpx.Client) -> None:
+    """Keys the protocol does not have are ignored, whatever their value; null refuses only the protocol's fields."""
+    body = simple(tensor(note=None), INPUT1, extra=None, outputs=[{"name": "OUTPUT0", "note": None}])
+    response = http.post("/v2/models/simple/infer", json=body)
+    assert response.status_code == 200, response.text
+    assert [o["name"] for o in response.json()["outputs"]] == ["OUTPUT0"]
 
 
 LONG = "n" * 60_000

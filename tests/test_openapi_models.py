@@ -134,10 +134,29 @@ def test_real_requests_and_answers_match_the_published_schemas(http: httpx.Clien
         {"inputs": _simple(list(range(16)), [1] * 16, [1, 16])["inputs"][:1] * 2},  # one input twice
         {**_simple(list(range(16)), [1] * 16, [1, 16]), "outputs": [{"name": "OUTPUT7"}]},  # unknown output
         {"inputs": [{**t, "datatype": "FP32"} for t in _simple(list(range(16)), [1] * 16, [1, 16])["inputs"]]},
+        {**_simple(list(range(16)), [1] * 16, [1, 16]), "outputs": [{"name": "OUTPUT1"}] * 2},  # one output twice
+        {"inputs": [{k: v for k, v in t.items() if k != "data"}  # no data
+                    for t in _simple(list(range(16)), [1] * 16, [1, 16])["inputs"]]},
+        {**_simple(list(range(16)), [1] * 16, [1, 16]), "parameters": {"triton_x": 1}},  # a reserved key
     ]
     for body in bad:
         assert list(requests.iter_errors(body)), body
         assert http.post("/v2/models/simple/infer", json=body).status_code == 400, body  # and the server agrees
+    # A model's own operation is the JSON form of its inference: data in `data`, not in the binary part of the
+    # body nor in shared memory (the spec's operation describes those forms, for every model).
+    operation = doc["paths"]["/v2/models/simple/infer"]["post"]
+    assert not [p for p in operation.get("parameters", []) if p.get("in") == "header"], operation
+    assert set(operation["responses"]["200"]["content"]) == {"application/json", "application/octet-stream"}
+    good_body = _simple(list(range(16)), [1] * 16, [1, 16])
+    for where, parameters in (("inputs", {"binary_data_size": 64}), ("inputs", {"shared_memory_region": "r"}),
+                              ("outputs", {"shared_memory_region": "r", "shared_memory_byte_size": 64})):
+        tensors = [{**t, "parameters": parameters} for t in good_body["inputs"]] if where == "inputs" else [
+            {"name": "OUTPUT0", "parameters": parameters}]
+        assert list(requests.iter_errors({**good_body, where: tensors})), (where, parameters)
+    classified = {**good_body, "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]}
+    assert not list(requests.iter_errors(classified))
+    response = http.post("/v2/models/simple/infer", json=classified)
+    assert response.status_code == 200 and not list(answers.iter_errors(response.json())), response.text
 
 
 def test_batching_bytes_fp16_and_versions(http: httpx.Client) -> None:
@@ -162,6 +181,10 @@ def test_batching_bytes_fp16_and_versions(http: httpx.Client) -> None:
     assert not list(answers.iter_errors(answer)), answer
     assert list(answers.iter_errors({**answer, "model_version": "1"}))  # the versioned path answers its version
     assert list(answers.iter_errors({**answer, "model_name": "simple"}))
+    # a model with an input that has no JSON form takes the binary form: the header stays, binary_data_size too
+    operation = doc["paths"]["/v2/models/odd%20model/versions/2/infer"]["post"]
+    assert [p["name"] for p in operation["parameters"] if p.get("in") == "header"] == [
+        "Inference-Header-Content-Length"]
 
 
 def test_the_document_follows_loads_and_unloads(server: serving.Server, http: httpx.Client) -> None:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .. import datatypes
+from .. import datatypes, extensions, framing
 from ..grpc import grpc_service_pb2 as pb
 from .dataplane_base import TENSOR_OPERATIONS
 from .endpoints import ENDPOINTS
@@ -34,6 +34,14 @@ INFER_ENDPOINTS: Final[tuple[tuple[str, str, str, str, str, str], ...]] = tuple(
     if e.operation in TENSOR_OPERATIONS and e.body and e.response
 )
 _SCHEMAS: Final = "#/components/schemas/"
+# The parameter keys that make a tensor travel outside the JSON body (binary data after it, shared memory): a
+# model's own operation describes the JSON form of its inference, so its inputs carry `data` and none of these.
+_NOT_JSON_INPUT: Final = tuple(
+    key for key, extension in extensions.PARAMETERS.items()
+    if key == extensions.BINARY_DATA_SIZE or extension == "system_shared_memory"
+)
+_NOT_JSON_OUTPUT: Final = tuple(key for key, extension in extensions.PARAMETERS.items()
+                                if extension == "system_shared_memory")
 _JSON: Final = "application/json"
 # The last document `model_document` made: its base, what it was made from, and the document (one entry).
 _LAST: Final[list[tuple[dict[str, Any], tuple[tuple[str, bytes], ...], dict[str, Any]]]] = []
@@ -79,7 +87,8 @@ def model_document(
                 continue
             schemas[request] = _request_schema(metadata, body, about)
             schemas[answer] = _answer_schema(metadata, version, response, about)
-            paths[concrete] = {method: _operation(spec_operation, set(values), request, answer, name, version)}
+            paths[concrete] = {method: _operation(spec_operation, set(values), request, answer, name, version,
+                                                  binary=_binary(metadata))}
         tag = f"model {name}"
         if tag not in tagged:
             tagged.add(tag)
@@ -145,8 +154,14 @@ def _data(shape: Sequence[int], element: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [flat, nested]}
 
 
-def _tensor(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
-    """The schema of one tensor of a request or answer: its name, datatype, shape and data."""
+def _binary(metadata: pb.ModelMetadataResponse) -> bool:
+    """Whether the model takes an input that has no JSON form (so its requests carry binary tensor data)."""
+    return any(_element(t.datatype) is None for t in metadata.inputs)
+
+
+def _tensor(tensor: pb.ModelMetadataResponse.TensorMetadata, request: bool = False) -> dict[str, Any]:
+    """The schema of one tensor of a request (`request`: an input in its JSON form, `data` required) or of an
+    answer: its name, datatype, shape and data."""
     shape = list(tensor.shape)
     dims: dict[str, Any] = {"type": "array", "minItems": len(shape), "maxItems": len(shape)}
     if shape:
@@ -162,13 +177,17 @@ def _tensor(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
         schema["not"] = {"required": ["data"]}
     else:
         schema["properties"]["data"] = _data(shape, element)
+        if request:
+            schema["required"].append("data")
+            schema["properties"]["parameters"] = {
+                "type": "object", "properties": dict.fromkeys(_NOT_JSON_INPUT, False)}
     return schema
 
 
 def _request_schema(metadata: pb.ModelMetadataResponse, base: str, about: str) -> dict[str, Any]:
     inputs: dict[str, Any] = {"type": "array", "minItems": len(metadata.inputs), "maxItems": len(metadata.inputs)}
     if metadata.inputs:
-        inputs["items"] = {"oneOf": [_tensor(t) for t in metadata.inputs]}
+        inputs["items"] = {"oneOf": [_tensor(t, request=not _binary(metadata)) for t in metadata.inputs]}
         # every input present (and, with as many items as inputs, each exactly once)
         inputs["allOf"] = [
             {"contains": {"type": "object", "required": ["name"], "properties": {"name": {"const": t.name}}}}
@@ -176,7 +195,13 @@ def _request_schema(metadata: pb.ModelMetadataResponse, base: str, about: str) -
         ]
     outputs: dict[str, Any] = {"type": "array", "maxItems": len(metadata.outputs)}
     if metadata.outputs:
-        outputs["items"] = {"type": "object", "properties": {"name": {"enum": [t.name for t in metadata.outputs]}}}
+        outputs["items"] = {"oneOf": [_requested(t) for t in metadata.outputs]}
+        # each output at most once
+        outputs["allOf"] = [
+            {"contains": {"type": "object", "required": ["name"], "properties": {"name": {"const": t.name}}},
+             "minContains": 0, "maxContains": 1}
+            for t in metadata.outputs
+        ]
     return {
         "description": f"An inference request of model `{metadata.name}`.\n\n{about}",
         "allOf": [
@@ -184,6 +209,28 @@ def _request_schema(metadata: pb.ModelMetadataResponse, base: str, about: str) -
             {"type": "object", "properties": {"inputs": inputs, "outputs": outputs}},
         ],
     }
+
+
+def _requested(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
+    """The schema of one requested output in the JSON form: its name; written to no shared memory; classified only
+    when its datatype can be ranked."""
+    forbidden = list(_NOT_JSON_OUTPUT)
+    if not _ranked(tensor.datatype):
+        forbidden.append(extensions.CLASSIFICATION)
+    return {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"const": tensor.name},
+            "parameters": {"type": "object", "properties": dict.fromkeys(forbidden, False)},
+        },
+    }
+
+
+def _ranked(datatype: str) -> bool:
+    """Whether the classification extension can rank a tensor of `datatype` (numbers with a JSON form)."""
+    info = datatypes.BY_NAME.get(datatype)
+    return info is not None and info.json and info.dtype.kind in "iuf"
 
 
 def _answer_schema(metadata: pb.ModelMetadataResponse, version: str, base: str, about: str) -> dict[str, Any]:
@@ -202,8 +249,7 @@ def _answer_schema(metadata: pb.ModelMetadataResponse, version: str, base: str, 
 def _output(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
     """An output as declared, or, for a datatype the classification extension ranks, its classes (BYTES)."""
     schema = _tensor(tensor)
-    info = datatypes.BY_NAME.get(tensor.datatype)
-    if info is None or not (info.json and info.dtype.kind in "iuf"):
+    if not _ranked(tensor.datatype):
         return schema
     classes = {
         "type": "object",
@@ -215,9 +261,11 @@ def _output(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
 
 
 def _operation(base: Mapping[str, Any], fixed: set[str], request: str, answer: str, name: str,
-               version: str) -> dict[str, Any]:
+               version: str, binary: bool) -> dict[str, Any]:
     """The spec's inference operation `base` for one model: the path variables in `fixed` filled in, the JSON
-    body and answer narrowed to the model's schemas; every other part (statuses, headers) as the spec has it."""
+    body and answer narrowed to the model's schemas; every other part (statuses, answer headers) as the spec has
+    it. Unless the model takes an input that has no JSON form (`binary`), the request is the JSON form alone, so
+    without the header of binary tensor data (the spec's operation describes that form for every model)."""
     operation = copy.deepcopy(dict(base))
     suffix = f".{_key(name)}" + (f".{_key(version)}" if version else "")
     operation["operationId"] = f"{base.get('operationId', 'infer')}{suffix}"
@@ -226,6 +274,7 @@ def _operation(base: Mapping[str, Any], fixed: set[str], request: str, answer: s
     operation["parameters"] = [
         p for p in operation.get("parameters", [])
         if not (_resolve(p).get("in") == "path" and _resolve(p).get("name") in fixed)
+        and (binary or not (_resolve(p).get("in") == "header" and _resolve(p).get("name") == framing.HEADER_LENGTH))
     ]
     body = operation["requestBody"] = copy.deepcopy(_resolve(operation.get("requestBody", {})))
     body.setdefault("content", {}).setdefault(_JSON, {})["schema"] = {"$ref": _SCHEMAS + request}

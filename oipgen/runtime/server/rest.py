@@ -77,6 +77,28 @@ _BINARY_SIZE: Final = framing.BINARY_DATA_SIZE  # input and output parameters: b
 _BINARY_DATA: Final = framing.BINARY_DATA  # requested-output parameters: this output as binary
 _SHARED_MEMORY: Final = extensions.SHARED_MEMORY_REGION  # tensor parameters: data held by the shared memory extension
 _INT_RANGE: Final = (-(2**63), 2**64 - 1)  # parameter integers: int64, or uint64 above int64's range
+
+
+def _fields(schema: str) -> tuple[str, ...]:
+    return tuple(f.prop for f in bodies.BINDINGS[schema].fields)
+
+
+def _item_schema(schema: str, prop: str) -> str:
+    return next(f.schema or "" for f in bodies.BINDINGS[schema].fields if f.prop == prop)
+
+
+# The fields of an inference request, of its inputs and of its requested outputs, from the spec (none of them
+# takes null).
+_INFER_BODY: Final = next(e.body for e in ENDPOINTS if e.operation in TENSOR_OPERATIONS and e.body)
+_REQUEST_FIELDS: Final = _fields(_INFER_BODY)
+_INPUT_FIELDS: Final = _fields(_item_schema(_INFER_BODY, "inputs"))
+_OUTPUT_FIELDS: Final = _fields(_item_schema(_INFER_BODY, "outputs"))
+# The reserved parameters whose values are integers: JSON has one number type, so 16.0 is read as 16 for these
+# (a free-form parameter keeps the number as it came: a double over gRPC).
+_INTEGER_PARAMETERS: Final = frozenset({
+    extensions.BINARY_DATA_SIZE, extensions.CLASSIFICATION, extensions.SHARED_MEMORY_BYTE_SIZE,
+    extensions.SHARED_MEMORY_OFFSET,
+})
 _BINARY_EXTENSION: Final = extensions.PARAMETERS[_BINARY_SIZE]
 _NO_BINARY: Final = (
     f"the {_BINARY_EXTENSION} extension is not enabled on this server: send and ask for tensor data as JSON "
@@ -424,6 +446,8 @@ def _message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: End
                     body = {}
                 else:
                     body = _parse_json(raw, "the request body")
+                    if body is None:
+                        raise InvalidRequest("the request body is null; send a JSON object")
             try:
                 message = convert.request_to_proto(endpoint.operation, body, path=fields, strict=True)
             except (ValueError, TypeError, AttributeError, KeyError) as exc:  # the body does not fit the schema
@@ -578,6 +602,9 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidRequest(f"{where} parameters must be a JSON object, got {_kind(value)}")
     for key, item in value.items():
+        if isinstance(item, float) and key in _INTEGER_PARAMETERS and item.is_integer():
+            value[key] = int(item)
+            continue
         if isinstance(item, bool | float | str):
             continue
         if isinstance(item, int) and _INT_RANGE[0] <= item <= _INT_RANGE[1]:
@@ -587,6 +614,15 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
             f"got {_kind(item)}"
         )
     return value
+
+
+def _no_null(item: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+    """InvalidRequest when one of the `fields` of `item` is JSON null: no field takes null (leave it out instead);
+    keys the protocol does not have are ignored, whatever their value."""
+    if None in item.values():
+        key = next((k for k in fields if k in item and item[k] is None), None)
+        if key is not None:
+            raise InvalidRequest(f"{where}: '{key}' is null; leave the field out instead")
 
 
 def _kind(value: Any) -> str:
@@ -634,6 +670,7 @@ def decode_infer_request(
     doc = _parse_json(head, "the inference request")
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the inference request must be a JSON object, got {_kind(doc)}")
+    _no_null(doc, _REQUEST_FIELDS, "the inference request")
 
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -654,6 +691,7 @@ def decode_infer_request(
         if not isinstance(item, dict):
             raise InvalidRequest(f"input {i} must be a JSON object, got {_kind(item)}")
         where = f"input {i}"
+        _no_null(item, _INPUT_FIELDS, where)
         name = _string(item, "name", where)
         where = f"input '{name}'"
         datatype = _string(item, "datatype", where)
@@ -698,6 +736,7 @@ def decode_infer_request(
         for i, item in enumerate(wanted):
             if not isinstance(item, dict):
                 raise InvalidRequest(f"output {i} must be a JSON object, got {_kind(item)}")
+            _no_null(item, _OUTPUT_FIELDS, f"output {i}")
             name = _string(item, "name", f"output {i}")
             params = _parameters(item.get("parameters"), f"output '{name}'")
             listed[name] = bool(_flag(params, _BINARY_DATA, f"output '{name}'"))
