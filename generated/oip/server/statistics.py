@@ -106,6 +106,36 @@ class ModelStats:
             self.inference_count += batch_size
             self.last_inference = max(self.last_inference, time.time_ns() // 1_000_000)
 
+    def record_alone(
+        self, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int, total_ns: int
+    ) -> None:
+        """A successful request of batch size 1 that ran the model alone: `record_request` and
+        `record_execution` at once (the same counts, under one lock)."""
+        last = time.time_ns() // 1_000_000
+        with self._lock:
+            self.success.count += 1
+            self.success.ns += total_ns
+            self.queue.count += 1
+            self.queue.ns += queue_ns
+            self.compute_input.count += 1
+            self.compute_input.ns += compute_input_ns
+            self.compute_infer.count += 1
+            self.compute_infer.ns += compute_infer_ns
+            self.compute_output.count += 1
+            self.compute_output.ns += compute_output_ns
+            self.inference_count += 1
+            self.last_inference = max(self.last_inference, last)
+            self.execution_count += 1
+            batch = self.batches.get(1)
+            if batch is None:
+                batch = self.batches[1] = BatchStats()
+            batch.compute_input.count += 1
+            batch.compute_input.ns += compute_input_ns
+            batch.compute_infer.count += 1
+            batch.compute_infer.ns += compute_infer_ns
+            batch.compute_output.count += 1
+            batch.compute_output.ns += compute_output_ns
+
     def record_execution(
         self, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
     ) -> None:

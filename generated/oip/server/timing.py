@@ -52,6 +52,7 @@ __all__ = [
     "notify_execution",
     "notify_request",
     "notify_started",
+    "set_current",
 ]
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,11 @@ def notify_started(observers: Iterable[Observer], timer: Timer, model: str, vers
             observer.request_started(timer, model, version)
         except Exception:
             log.exception("observer %r failed on a started request", observer)
+
+
+def set_current(timer: Timer | None) -> None:
+    """Make `timer` the current request's (None: no request) in this context."""
+    _CURRENT.set(timer)
 
 
 def notify_request(observers: Iterable[Observer], record: InferenceRecord) -> None:

@@ -200,12 +200,18 @@ class Metrics(Observer):
     # --- the inference timer ------------------------------------------------------------------------------------
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
-        key = (("model", model), ("version", version))
+        self.started((("model", model), ("version", version)))
+
+    def started(self, key: Labels) -> None:
+        """A request to the model version of `key` (its labels) started: one more pending."""
         with self._lock:
             self.pending[key] = self.pending.get(key, 0) + 1
 
     def request_finished(self, record: InferenceRecord) -> None:
         key = (("model", record.model), ("version", record.version))
+        if record.error is None and record.first_response_ns is None:
+            self.succeeded(key, record.total_ns)
+            return
         with self._lock:
             self.pending[key] = self.pending.get(key, 1) - 1
             if record.error is not None:
@@ -215,6 +221,12 @@ class Metrics(Observer):
             self.duration.observe(key, record.total_ns / 1e9)
             if record.first_response_ns is not None:
                 self.first_response.observe(key, record.first_response_ns / 1e6)
+
+    def succeeded(self, key: Labels, total_ns: int) -> None:
+        """A request to the model version of `key` succeeded after `total_ns` with one response."""
+        with self._lock:
+            self.pending[key] = self.pending.get(key, 1) - 1
+            self.duration.observe(key, total_ns / 1e9)
 
     # --- the transports -----------------------------------------------------------------------------------------
 

@@ -69,7 +69,10 @@ from .validation import (
     split_result,
 )
 
-__all__ = ["PARAMETERS", "SHARED_MEMORY", "Pipeline", "PreparedRequest"]
+__all__ = [
+    "PARAMETERS", "SHARED_MEMORY", "Pipeline", "PreparedRequest", "call_in_thread", "failure", "model_failure",
+    "runs_alone",
+]
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +151,7 @@ class Pipeline:
             model = self.repository.get(name, version)
         except OipError:
             return False
-        hook = model.infer
-        return not (model.decoupled or is_batching(model) or inspect.iscoroutinefunction(hook)
-                    or inspect.isasyncgenfunction(hook))
+        return runs_alone(model)
 
     def infer_in_thread(self, request: InferRequest) -> InferResponse:
         """`infer`, in this thread and without the event loop, for a model that `runs_in_thread`: the same phases,
@@ -165,14 +166,7 @@ class Pipeline:
                     timer.enter(QUEUE)
                     with self.model_slots:
                         timer.enter(COMPUTE_INFER)
-                        try:
-                            result = model.infer(prepared.inputs, prepared.parameters)
-                            if inspect.isawaitable(result):  # a plain method that returned an awaitable
-                                result = asyncio.run(_awaited(result))
-                        except OipError:
-                            raise
-                        except Exception as exc:
-                            raise _model_failure(model, exc) from exc
+                        result = call_in_thread(model, prepared.inputs, prepared.parameters)
                     timer.enter(COMPUTE_OUTPUT)
                     response = self.finish(model, request, prepared, result, regions)
             except BaseException as exc:
@@ -235,7 +229,7 @@ class Pipeline:
             except OipError:
                 raise
             except Exception as exc:
-                raise _model_failure(model, exc) from exc
+                raise model_failure(model, exc) from exc
             return result, started, time.perf_counter_ns()
         if plain:
             hook = self._in_slot(hook, on_start)  # in its worker thread: waits for a slot, then starts
@@ -245,7 +239,7 @@ class Pipeline:
         except OipError:
             raise
         except Exception as exc:
-            raise _model_failure(model, exc) from exc
+            raise model_failure(model, exc) from exc
 
     def _in_slot(self, hook: Callable[..., Any], on_start: Callable[[int], object] | None) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
@@ -348,7 +342,7 @@ class Pipeline:
                     except OipError:
                         raise
                     except Exception as exc:
-                        raise _model_failure(model, exc) from exc
+                        raise model_failure(model, exc) from exc
                     yield item
             finally:
                 aclose = getattr(results, "aclose", None)
@@ -363,7 +357,7 @@ class Pipeline:
                     except OipError:
                         raise
                     except Exception as exc:
-                        raise _model_failure(model, exc) from exc
+                        raise model_failure(model, exc) from exc
                     if item is done:
                         break
                     yield item
@@ -440,13 +434,43 @@ class Pipeline:
         notify_request(self.observers, record)
 
     def _failed(self, timer: Timer, model: Model, exc: BaseException) -> None:
-        if isinstance(exc, OipError):
-            error = exc
-        elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
-            error = Cancelled("the request was cancelled")
-        else:
-            error = ModelFailure(f"internal server error ({type(exc).__name__})")
-        notify_request(self.observers, timer.record(model.name, model.version, 1, error))
+        self.report(timer.record(model.name, model.version, 1, failure(exc)))
+
+    def report(self, record: InferenceRecord) -> None:
+        """Tell every observer about a finished request."""
+        notify_request(self.observers, record)
+
+
+def runs_alone(model: Model) -> bool:
+    """Whether requests to `model` can run wholly in the calling thread: its `infer` is a plain method, and it
+    neither batches dynamically nor is decoupled."""
+    hook = model.infer
+    return not (model.decoupled or is_batching(model) or inspect.iscoroutinefunction(hook)
+                or inspect.isasyncgenfunction(hook))
+
+
+def call_in_thread(model: Model, inputs: dict[str, npt.NDArray[Any]], parameters: dict[str, Any]) -> Any:
+    """Call a plain `infer` in this thread (no event loop here): what it returned (awaited, for a plain method
+    that returned an awaitable); an exception other than OipError becomes ModelFailure (`model_failure`)."""
+    try:
+        result = model.infer(inputs, parameters)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+    except OipError:
+        raise
+    except Exception as exc:
+        raise model_failure(model, exc) from exc
+    return result
+
+
+def failure(exc: BaseException) -> OipError:
+    """Why a request failed, as the error its record carries: an OipError as it is, a cancellation as
+    Cancelled, anything else as an internal ModelFailure."""
+    if isinstance(exc, OipError):
+        return exc
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return Cancelled("the request was cancelled")
+    return ModelFailure(f"internal server error ({type(exc).__name__})")
 
 
 def _execution(record: InferenceRecord) -> ExecutionRecord:
@@ -461,7 +485,7 @@ async def _awaited(result: Any) -> Any:
     return await result
 
 
-def _model_failure(model: Model, exc: Exception) -> ModelFailure:
+def model_failure(model: Model, exc: Exception) -> ModelFailure:
     """An exception the model raised (not an OipError), as the request's error: ModelFailure with its message.
     Logged here with its traceback, which never goes on the wire."""
     log.error("model '%s' version %s failed", model.name, model.version, exc_info=exc)

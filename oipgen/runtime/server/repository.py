@@ -134,7 +134,7 @@ class _Lease:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._repository._release(self._model)
+        self._repository.release(self._model)
 
 
 class ModelRepository:
@@ -473,25 +473,26 @@ class ModelRepository:
     def lease(self, name: str, version: str = "") -> _Lease:
         """`get`, as an async context manager that keeps the instance from being unloaded until it exits."""
         model = self.get(name, version)
-        self._acquire(model)
+        self.acquire(model)
         return _Lease(self, model)
 
     @contextlib.contextmanager
     def lease_in_thread(self, name: str, version: str = "") -> Iterator[Model]:
         """`lease` for code running outside the event loop (the gRPC server's threads)."""
         model = self.get(name, version)
-        self._acquire(model)
+        self.acquire(model)
         try:
             yield model
         finally:
-            self._release(model)
+            self.release(model)
 
-    def _acquire(self, model: Model) -> None:
+    def acquire(self, model: Model) -> None:
+        """Keep the instance `model` (from `get`) from being unloaded until `release` (`lease` does both)."""
         key = id(model)
         with self._lease_lock:
             self._inflight[key] = self._inflight.get(key, 0) + 1
 
-    def _release(self, model: Model) -> None:
+    def release(self, model: Model) -> None:
         key = id(model)
         with self._lease_lock:
             count = self._inflight[key] - 1

@@ -1,0 +1,327 @@
+"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc_unary.UnaryInfer`), in process.
+
+Every request it takes must get exactly the answer the general way gives (`Pipeline.infer_in_thread` and the
+transport's encoder: compared as parsed messages), be counted exactly as the general way counts it (statistics
+extension, metrics), and fail with the same error; every request it does not take must be left untouched (None,
+nothing counted) for the general way to answer or refuse. Over real sockets the suite's gRPC tests (golden cases,
+bad input, tritonclient, statistics, metrics) run through it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from oip.grpc import grpc_service_pb2 as pb
+from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings, TensorSpec
+from oip.server.grpc import decode_infer_request, encode_infer_response
+from oip.server.grpc_unary import UnaryInfer
+from oip.server.model import DynamicBatching
+from oip.server.timing import InferenceRecord, Observer
+
+Arrays = dict[str, npt.NDArray[Any]]
+A = np.arange(16, dtype=np.int32).reshape(1, 16)
+B = np.full((1, 16), 3, dtype=np.int32)
+
+
+class Simple(Model):
+    name = "simple"
+    inputs = (TensorSpec("INPUT0", "INT32", [1, 16]), TensorSpec("INPUT1", "INT32", [1, 16]))
+    outputs = (TensorSpec("OUTPUT0", "INT32", [1, 16]), TensorSpec("OUTPUT1", "INT32", [1, 16]))
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        a, b = inputs["INPUT0"], inputs["INPUT1"]
+        return {"OUTPUT0": np.add(a, b, dtype=np.int32), "OUTPUT1": np.subtract(a, b, dtype=np.int32)}
+
+
+class Answers(Model):
+    """Answers whatever `answer(inputs)` returns: FP32 [-1] in, OUT FP32 [-1] out."""
+
+    inputs = (TensorSpec("IN", "FP32", [-1]),)
+    outputs = (TensorSpec("OUT", "FP32", [-1]),)
+
+    def __init__(self, name: str, answer: Callable[[Arrays], Any], **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self.answer = answer
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        return self.answer(inputs)
+
+
+class Async(Simple):
+    name = "async_simple"
+
+    async def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:  # type: ignore[override]
+        return Simple.infer(self, inputs, parameters)
+
+
+class Batching(Simple):
+    name = "batching"
+    inputs = (TensorSpec("INPUT0", "INT32", [16]), TensorSpec("INPUT1", "INT32", [16]))
+    outputs = (TensorSpec("OUTPUT0", "INT32", [16]), TensorSpec("OUTPUT1", "INT32", [16]))
+    max_batch_size = 4
+    dynamic_batching = DynamicBatching()
+
+
+class Flags(Model):
+    name = "flags"
+    inputs = (TensorSpec("IN", "BOOL", [2]),)
+    outputs = (TensorSpec("OUT", "BOOL", [2]),)
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        return {"OUT": inputs["IN"]}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def plane(*models: Model, settings: Settings | None = None) -> DataPlane:
+    repository = ModelRepository()
+    for model in (Simple(), Async(), Batching(), Flags(), *models):
+        repository.add(model)
+    run(repository.load_all())
+    return DataPlane(repository, settings)
+
+
+def request(model: str = "simple", arrays: dict[str, Any] | None = None, **fields: Any) -> Any:
+    message = pb.ModelInferRequest(model_name=model, **fields)
+    for name, array in (arrays if arrays is not None else {"INPUT0": A, "INPUT1": B}).items():
+        array = np.asarray(array)
+        datatype = {"int32": "INT32", "float32": "FP32", "bool": "BOOL"}[array.dtype.name]
+        message.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        message.raw_input_contents.append(array.tobytes())
+    return message
+
+
+def general(dp: DataPlane, message: Any) -> Any:
+    """The general way's answer (a message), or the error it raises."""
+    try:
+        return encode_infer_response(dp.pipeline.infer_in_thread(decode_infer_request(message, dp.settings)))
+    except OipError as exc:
+        return exc
+
+
+def lean_way(dp: DataPlane) -> UnaryInfer:
+    return UnaryInfer(dp.pipeline, dp.settings, encode_infer_response)
+
+
+def parsed(reply: Any) -> Any:
+    return pb.ModelInferResponse.FromString(reply) if isinstance(reply, bytes) else reply
+
+
+def counts(dp: DataPlane, name: str) -> dict[str, Any]:
+    return dp.statistics.snapshot().get((name, "1"), {})
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"id": "r-7"},
+    {"outputs": [pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT1")]},
+    {"model_version": "1", "outputs": [pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT1"),
+                                       pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0")]},
+])
+def test_the_lean_answer_is_the_general_answer(fields: dict[str, Any]) -> None:
+    dp = plane()
+    lean = lean_way(dp)
+    reply = lean(request(**fields))
+    assert isinstance(reply, bytes)  # the lean way wrote it
+    assert parsed(reply) == general(dp, request(**fields))
+    out = parsed(reply)
+    assert np.array_equal(np.frombuffer(out.raw_output_contents[0], np.int32).reshape(1, 16),
+                          A + B if out.outputs[0].name == "OUTPUT0" else A - B)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda i: {"OUT": i["IN"] * 2},  # as declared
+    lambda i: {"OUT": (i["IN"] * 2).astype(np.float64)},  # converted to FP32
+    lambda i: {"OUT": [1.0, 2.0]},  # a list
+    lambda i: ({"OUT": i["IN"]}, {"note": "hi", "n": 3}),  # with response parameters
+    lambda i: {"OUT": i["IN"][::-1]},  # not contiguous
+])
+def test_every_answer_a_model_may_give_is_answered_as_the_general_way_does(answer: Any) -> None:
+    dp = plane(Answers("answers", answer))
+    message = request("answers", {"IN": np.array([1.5, -2.0], np.float32)}, id="x")
+    assert parsed(lean_way(dp)(message)) == general(dp, message)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda i: {"OTHER": i["IN"]},  # output missing
+    lambda i: {"OUT": np.zeros((2, 2), np.float32)},  # wrong rank
+    lambda i: {"OUT": np.array(["a"])},  # not convertible
+    lambda i: [i["IN"]],  # not a mapping
+    lambda i: 1 / 0,  # the model fails
+])
+def test_a_wrong_answer_fails_as_on_the_general_way_and_is_counted_once(answer: Any) -> None:
+    dp = plane(Answers("answers", answer))
+    message = request("answers", {"IN": np.array([1.5, -2.0], np.float32)})
+    with pytest.raises(ModelFailure) as caught:
+        lean_way(dp)(message)
+    assert counts(dp, "answers")["fail"][0] == 1
+    expected = general(dp, message)
+    assert isinstance(expected, ModelFailure) and caught.value.message == expected.message
+    assert counts(dp, "answers")["fail"][0] == 2 and counts(dp, "answers")["success"][0] == 0
+    assert dp.metrics is not None
+    failures = {reason: n for (labels, reason), n in dp.metrics.failures.items() if ("model", "answers") in labels}
+    assert failures == {"BACKEND": 2}
+    assert dp.metrics.pending[(("model", "answers"), ("version", "1"))] == 0
+
+
+def _params(message: Any, where: Any) -> Any:
+    where.parameters["k"].string_param = "v"
+    return message
+
+
+def _contents(message: Any) -> Any:
+    del message.raw_input_contents[1]
+    message.inputs[1].contents.int_contents.extend(B.ravel().tolist())
+    return message
+
+
+def _shared_memory(message: Any) -> Any:
+    message.inputs[1].parameters["shared_memory_region"].string_param = "r"
+    del message.raw_input_contents[1]
+    return message
+
+
+def _edit(change: Callable[[Any], Any]) -> Any:
+    return change(request())
+
+
+DECLINED = {
+    "request parameters": lambda: _edit(lambda m: _params(m, m)),
+    "input parameters": lambda: _edit(lambda m: _params(m, m.inputs[0])),
+    "output parameters": lambda: _edit(lambda m: _params(m, m.outputs.add(name="OUTPUT0"))),
+    "typed contents": lambda: _edit(_contents),
+    "shared memory": lambda: _edit(_shared_memory),
+    "unknown model": lambda: request("nothing"),
+    "unknown version": lambda: request(model_version="7"),
+    "wrong datatype": lambda: request(arrays={"INPUT0": A, "INPUT1": B.astype(np.float32)}),
+    "wrong shape": lambda: request(arrays={"INPUT0": A, "INPUT1": B.reshape(16, 1)}),
+    "missing input": lambda: request(arrays={"INPUT0": A}),
+    "unknown input": lambda: request(arrays={"INPUT0": A, "INPUTX": B}),
+    "raw entry too short": lambda: _edit(lambda m: m.raw_input_contents.__setitem__(1, b"\0" * 8) or m),
+    "one raw entry too many": lambda: _edit(lambda m: m.raw_input_contents.append(b"") or m),
+    "unknown output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="NO")]),
+    "repeated output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0")] * 2),
+    "async model": lambda: request("async_simple"),
+    "dynamic batching": lambda: request("batching", {"INPUT0": A, "INPUT1": B}),
+    "BOOL input": lambda: request("flags", {"IN": np.array([True, False])}),
+    "negative dimensions": lambda: request("answers", {"IN": np.zeros(0, np.float32)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED))
+def test_what_the_lean_way_does_not_take_is_left_untouched(case: str) -> None:
+    dp = plane(Answers("answers", lambda i: {"OUT": i["IN"]}))
+    message = DECLINED[case]()
+    if case == "negative dimensions":
+        message.inputs[0].shape[:] = [-2]
+    before = dp.statistics.snapshot()
+    assert lean_way(dp)(message) is None
+    assert dp.statistics.snapshot() == before
+    assert dp.metrics is not None and not any(dp.metrics.pending.values())
+
+
+def test_an_observer_or_tracing_sends_requests_the_general_way() -> None:
+    dp = plane()
+    lean = lean_way(dp)
+    assert lean(request()) is not None
+
+    class Seen(Observer):
+        def __init__(self) -> None:
+            self.records: list[InferenceRecord] = []
+
+        def request_finished(self, record: InferenceRecord) -> None:
+            self.records.append(record)
+
+    seen = Seen()
+    dp.observers.append(seen)
+    assert lean(request()) is None  # the general way tells it
+    general(dp, request())
+    assert len(seen.records) == 1
+    dp.observers.remove(seen)
+    dp.settings.tracing = True
+    assert lean(request()) is None
+
+
+def test_statistics_and_metrics_count_the_lean_way_as_the_general_way() -> None:
+    lean_dp, general_dp = plane(), plane()
+    lean = lean_way(lean_dp)
+    for _ in range(5):
+        lean(request())
+        general(general_dp, request())
+    a, b = counts(lean_dp, "simple"), counts(general_dp, "simple")
+    assert {k: v[0] if isinstance(v, tuple) else v for k, v in a.items()} == {
+        k: v[0] if isinstance(v, tuple) else v for k, v in b.items()}
+    assert a["success"][0] == 5 and a["execution_count"] == 5 and a["inference_count"] == 5
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert a[phase][1] > 0
+    assert a["success"][1] >= a["compute_input"][1] + a["compute_infer"][1] + a["compute_output"][1]
+    proto = lean_dp.statistics.to_proto("simple", "1")
+    assert [(s.batch_size, s.compute_infer.count) for s in proto.batch_stats] == [(1, 5)]
+    assert proto.last_inference > 0
+    metrics = [dp.metrics for dp in (lean_dp, general_dp)]
+    assert all(m is not None for m in metrics)
+    key = (("model", "simple"), ("version", "1"))
+    rows = [m.duration.data[key] for m in metrics if m is not None]
+    assert rows[0][:-1] == rows[1][:-1] or sum(rows[0][:-1]) == sum(rows[1][:-1]) == 5
+    assert [m.pending[key] for m in metrics if m is not None] == [0, 0]
+
+
+def test_the_model_threads_bound_the_lean_way() -> None:
+    active, most = 0, 0
+    lock = threading.Lock()
+
+    def answer(inputs: Arrays) -> Any:
+        nonlocal active, most
+        with lock:
+            active += 1
+            most = max(most, active)
+        time.sleep(0.02)
+        with lock:
+            active -= 1
+        return {"OUT": inputs["IN"]}
+
+    dp = plane(Answers("answers", answer), settings=Settings(model_threads=1))
+    lean = lean_way(dp)
+    replies: list[Any] = []
+    threads = [threading.Thread(target=lambda: replies.append(
+        lean(request("answers", {"IN": np.ones(3, np.float32)})))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(replies) == 4 and all(isinstance(r, bytes) for r in replies)
+    assert most == 1
+    assert counts(dp, "answers")["queue"][1] > 0  # three of them waited for the slot
+
+
+def test_a_model_unloaded_meanwhile_is_still_held_while_it_answers() -> None:
+    dp = plane()
+    model = dp.repository.get("simple")
+    started = threading.Event()
+    release = threading.Event()
+    original = model.infer
+
+    def held(inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        started.set()
+        release.wait(5)
+        return original(inputs, parameters)
+
+    model.infer = held  # type: ignore[method-assign]
+    replies: list[Any] = []
+    thread = threading.Thread(target=lambda: replies.append(lean_way(dp)(request())))
+    thread.start()
+    assert started.wait(5)
+    assert dp.repository._inflight.get(id(model)) == 1  # leased while it runs
+    release.set()
+    thread.join()
+    assert isinstance(replies[0], bytes)
+    assert not dp.repository._inflight
