@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -62,11 +62,19 @@ _LEAN_DATATYPES: Final = frozenset(
 _MAX_HEADERS: Final = 4096  # serialized output headers kept per model (name, datatype, shape)
 
 
-def _fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
+def _fits(shape: Sequence[int], declared: Sequence[int]) -> bool:
     """Whether `shape` is one the declared shape allows (-1: any size)."""
     if len(shape) != len(declared):
         return False
     return all(d == s or (s == -1 and d >= 0) for d, s in zip(shape, declared, strict=True))
+
+
+_SIZES: Final = [varint(n) for n in range(1 << 12)]
+
+
+def _size(n: int) -> bytes:
+    """The varint of a length."""
+    return _SIZES[n] if n < 4096 else varint(n)
 
 
 class _Input:
@@ -78,7 +86,7 @@ class _Input:
         self.datatype = spec.datatype
         self.dtype = np.dtype(info.dtype)
         self.itemsize = info.size
-        self.shape = tuple(spec.shape)
+        self.shape = list(spec.shape)
         self.fixed = -1 not in self.shape
 
 
@@ -217,7 +225,7 @@ class UnaryInfer:
             if (spec is None or given[spec.index] is not None or tensor.datatype != spec.datatype
                     or tensor.parameters or tensor.HasField("contents")):
                 return None
-            shape = tuple(tensor.shape)
+            shape = tensor.shape[:]
             if spec.fixed:
                 if shape != spec.shape:
                     return None
@@ -265,7 +273,7 @@ class UnaryInfer:
                     break
                 parts.append(plan.header(spec, shape))
                 data = value.tobytes()
-                raws += (_RAW_TAG, varint(len(data)), data)
+                raws += (_RAW_TAG, _size(len(data)), data)
             else:
                 return b"".join(parts + raws)
         # Anything else: checked, converted or refused as the pipeline does, encoded by the transport.
