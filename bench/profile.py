@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import run
 import servers
 from servers import BENCH, CLIENT_CPU
 
@@ -57,15 +58,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--native", action="store_true", help="include native (C) frames")
     p.add_argument("--out", type=Path, default=BENCH / ".work")
     p.add_argument("--models", type=Path, help="the model repository (default: examples/models)")
+    p.add_argument("--server", default="oipgen", choices=("oipgen", *servers.VARIANTS),
+                   help="our server as shipped, or a variant (oipgen_traced: exporting to bench/otlp_sink.py)")
     args = p.parse_args(argv)
     pyspy = BENCH / ".cache" / "venv-tools" / "bin" / "py-spy"
     if not pyspy.exists():
         p.error(f"{pyspy} is missing: bash bench/setup.sh")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"profile-{args.workload}-c{args.concurrency}"
+    stem = f"profile-{args.workload}-c{args.concurrency}" + ("" if args.server == "oipgen" else f"-{args.server}")
     if args.models:
         servers.OIPGEN_MODELS = args.models.resolve()
-    with servers.running("oipgen", BENCH / ".cache", args.out) as server:
+    sink = run.start_sink(print) if args.server == "oipgen_traced" else None
+    try:
+        return _profile(args, pyspy, stem)
+    finally:
+        if sink is not None:
+            print("OTLP sink received:", run.stop_sink(sink))
+
+
+def _profile(args: argparse.Namespace, pyspy: Path, stem: str) -> int:
+    with servers.running(args.server, BENCH / ".cache", args.out) as server:
         load = subprocess.Popen(
             ["taskset", "-c", CLIENT_CPU, sys.executable, str(BENCH / "loadgen.py"), "--rest", server.rest,
              "--grpc", server.grpc, "--workload", args.workload, "-c", str(args.concurrency),

@@ -6,8 +6,12 @@
   counted per transport, operation and answer, and a model's own metrics come out with its labels.
 - Traces go to a real OTLP receiver on loopback (HTTP/protobuf and gRPC, decoded with opentelemetry-proto): the
   trace id sent in `traceparent` (REST header, gRPC metadata) comes back in the exported spans, the request span's
-  parent is the caller's span, and its children are the timer's phases. The generated clients propagate the
-  caller's current context.
+  parent is the caller's span, and its children are the timer's phases (every one, with its parent id; one
+  compute_infer / compute_output pair per response of a decoupled model), with the attributes and status of the
+  outcome; the configured sampler decides (ratio 0 exports nothing, parent-based follows a sampled or unsampled
+  traceparent), and spans a model makes with the OpenTelemetry API are children of its request's span. The
+  spans' OTLP encoding is byte for byte the SDK encoder's. The generated clients propagate the caller's current
+  context.
 - JSON log lines of a traced request carry its request, trace and span ids; the access log has one line per
   request over both transports.
 """
@@ -96,6 +100,18 @@ MODELS = {
                 self.last.set(float(values.sum()))
                 return {"OUTPUT0": values}
     '''),
+    "spanning": ('class = "model:Spanning"\n', '''
+        from opentelemetry import trace
+        from oip.server import Model, TensorSpec
+
+        class Spanning(Model):
+            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
+            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
+
+            def infer(self, inputs, parameters):
+                with trace.get_tracer("spanning").start_as_current_span("model work"):
+                    return {"OUTPUT0": inputs["INPUT0"]}
+    '''),
 }
 
 
@@ -155,6 +171,8 @@ class Receiver:
                             "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
                             "attributes": {a.key: _any(a.value) for a in span.attributes},
                             "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
+                            "kind": span.kind, "status": (span.status.code, span.status.message),
+                            "scope": scope.scope.name,
                         })
 
     def trace(self, trace_id: str, count: int) -> list[dict[str, Any]]:
@@ -381,16 +399,17 @@ def test_metrics_off(repository: Path, tmp_path: Path) -> None:
 # --- traces -----------------------------------------------------------------------------------------------------
 
 
-def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str) -> Server:
+def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str, sampler: str = "parentbased_always_on",
+                  ratio: str = "", ready: tuple[str, ...] = ("simple",)) -> Server:
     env = {
         "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "oip-under-test",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
-        "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+        "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": ratio,
     }
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        return start_server(repository, workdir, "--log-format", "json", "--access-log", ready=("simple",))
+        return start_server(repository, workdir, "--log-format", "json", "--access-log", ready=ready)
     finally:
         for key, old in saved.items():
             if old is None:
@@ -399,17 +418,31 @@ def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str)
                 os.environ[key] = old
 
 
-def check_trace(spans: list[dict[str, Any]], parent: str, transport: str, request_id: str) -> dict[str, Any]:
-    request = next(s for s in spans if s["name"] == "ModelInfer simple")
-    assert request["service"] == "oip-under-test"
+SERVER, INTERNAL, OK, ERROR = 2, 1, 1, 2  # OTLP's span kinds and status codes
+
+
+def check_trace(spans: list[dict[str, Any]], parent: str, transport: str, request_id: str, model: str = "simple",
+                status: str = "OK") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The request span of `spans` (one trace) and its children, checked: the caller's span as parent, the
+    attributes, the outcome, one child per phase of the request's in its time, nothing else in the trace."""
+    request = next(s for s in spans if s["name"] == f"ModelInfer {model}")
+    assert request["service"] == "oip-under-test" and request["scope"] == "oip.server"
     assert request["parent"] == parent  # the caller's span
-    assert request["attributes"] == {"model_name": "simple", "model_version": "1", "request_id": request_id,
-                                     "transport": transport, "status": "OK"}
-    children = {s["name"]: s for s in spans if s["parent"] == request["span_id"]}
-    assert set(children) == {"queue", "compute_input", "compute_infer", "compute_output"}, spans
-    for child in children.values():
+    assert request["kind"] == SERVER
+    assert request["attributes"] == {"model_name": model, "model_version": "1", "request_id": request_id,
+                                     "transport": transport, "status": status}
+    assert request["status"][0] == (OK if status == "OK" else ERROR)
+    children = [s for s in spans if s["parent"] == request["span_id"]]
+    assert len(children) + 1 == len(spans), spans  # every other span of the trace is a child of the request's
+    assert len({s["span_id"] for s in spans}) == len(spans)
+    for child in children:
+        assert child["kind"] == INTERNAL and child["attributes"] == {} and child["status"] == (0, ""), child
+        assert child["scope"] == "oip.server"
         assert request["start"] <= child["start"] <= child["end"] <= request["end"]
-    return request
+    return request, sorted(children, key=lambda s: s["start"])
+
+
+PHASES = {"queue", "compute_input", "compute_infer", "compute_output"}
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
@@ -428,8 +461,10 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
             request = simple_grpc_request()
             request.id = "traced-grpc"
             stub.ModelInfer(request, timeout=TIMEOUT, metadata=(("traceparent", f"00-{grpc_trace}-{grpc_parent}-01"),))
-        rest_span = check_trace(receiver.trace(rest_trace, 5), rest_parent, "rest", "traced-rest")
-        check_trace(receiver.trace(grpc_trace, 5), grpc_parent, "grpc", "traced-grpc")
+        rest_span, children = check_trace(receiver.trace(rest_trace, 5), rest_parent, "rest", "traced-rest")
+        assert {c["name"] for c in children} == PHASES and len(children) == 4, children
+        _, children = check_trace(receiver.trace(grpc_trace, 5), grpc_parent, "grpc", "traced-grpc")
+        assert [c["name"] for c in children] == ["compute_input", "queue", "compute_infer", "compute_output"]
         # The log lines of the traced request carry its ids.
         lines = [json.loads(x) for x in server.log_text().splitlines() if x.startswith("{")]
         logged = next(x for x in lines if x.get("request_id") == "traced-rest")
@@ -459,6 +494,162 @@ def test_the_generated_clients_propagate_the_callers_context(repository: Path, t
         assert trace.get_current_span().get_span_context().is_valid is False  # nothing leaked
     finally:
         assert server.stop() == 0, server.log_text()
+
+
+def test_the_spans_of_a_decoupled_model_a_failure_and_a_models_own_span(repository: Path, tmp_path: Path,
+                                                                       grpc_receiver: tuple[Receiver, str]) -> None:
+    """Over OTLP/gRPC: a decoupled model's request has one compute_infer / compute_output pair per response (and
+    the model's last run, which answered nothing more); a failed request's span says so; a span the model makes
+    itself with the OpenTelemetry API is a child of its request's span, over REST (a worker thread) and gRPC (the
+    gRPC server's thread)."""
+    import tritonclient.grpc as grpcclient
+
+    receiver, endpoint = grpc_receiver
+    server = traced_server(repository, tmp_path, endpoint, "grpc", ready=("simple", "words", "spanning"))
+    words_trace, words_parent = secrets.token_hex(16), secrets.token_hex(8)
+    results: list[Any] = []
+    client = grpcclient.InferenceServerClient(server.target)
+    try:
+        client.start_stream(callback=lambda result, error: results.append(error or result),
+                            headers={"traceparent": f"00-{words_trace}-{words_parent}-01"})
+        tensor = grpcclient.InferInput("TEXT", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"one two three"], dtype=object))
+        client.async_stream_infer("words", [tensor], request_id="words-1")
+        deadline = time.monotonic() + TIMEOUT
+        while len(results) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.stop_stream()
+        assert [r.as_numpy("WORD")[0] for r in results] == [b"one", b"two", b"three"]
+        _, children = check_trace(receiver.trace(words_trace, 9), words_parent, "grpc", "words-1", model="words")
+        assert [c["name"] for c in children] == ["compute_input", *["compute_infer", "compute_output"] * 3,
+                                                 "compute_infer"]
+
+        failed_trace, failed_parent = secrets.token_hex(16), secrets.token_hex(8)
+        with server.clients() as (http, stub):
+            assert http.post("/v2/repository/models/broken_math/load").status_code == 200
+            assert_error_body(http.post("/v2/models/broken_math/infer", json=fp32_body([1, 2]),
+                                        headers={"traceparent": f"00-{failed_trace}-{failed_parent}-01"}), 500)
+            spanning = {}
+            for transport in ("rest", "grpc"):
+                trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+                headers = {"traceparent": f"00-{trace_id}-{parent}-01"}
+                if transport == "rest":
+                    answer = http.post("/v2/models/spanning/infer", json=fp32_body([1, 2]), headers=headers)
+                    assert answer.status_code == 200, answer.text
+                else:
+                    request = pb.ModelInferRequest(model_name="spanning")
+                    request.inputs.add(name="INPUT0", datatype="FP32", shape=[2]).contents.fp32_contents[:] = [1, 2]
+                    stub.ModelInfer(request, timeout=TIMEOUT, metadata=tuple(headers.items()))
+                spanning[transport] = (trace_id, parent)
+        request, children = check_trace(receiver.trace(failed_trace, 3), failed_parent, "rest", "",
+                                        model="broken_math", status="MODEL_FAILURE")
+        assert "divided by zero" in request["status"][1]
+        assert [c["name"] for c in children] == ["compute_input", "queue", "compute_infer"]
+        for transport, (trace_id, parent) in spanning.items():
+            spans = receiver.trace(trace_id, 6)
+            own = next(s for s in spans if s["name"] == "model work")
+            request = next(s for s in spans if s["name"] == "ModelInfer spanning")
+            assert own["parent"] == request["span_id"] and own["scope"] == "spanning", (transport, spans)
+            assert request["parent"] == parent and request["attributes"]["transport"] == transport
+            assert request["start"] <= own["start"] <= own["end"] <= request["end"]
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log_text()
+
+
+def test_the_configured_sampler_decides(repository: Path, tmp_path: Path,
+                                        http_receiver: tuple[Receiver, str]) -> None:
+    """parentbased_traceidratio with ratio 0: a request without a traceparent is not sampled (ratio 0 exports
+    nothing), one whose caller sampled is, one whose caller did not is not; the log lines of every request carry
+    its trace and span ids, sampled or not."""
+    receiver, endpoint = http_receiver
+    server = traced_server(repository, tmp_path, endpoint, "http/protobuf", sampler="parentbased_traceidratio",
+                           ratio="0")
+    try:
+        unsampled_trace, sampled_trace = secrets.token_hex(16), secrets.token_hex(16)
+        with server.http_client() as http:
+            for i in range(20):
+                assert http.post("/v2/models/simple/infer", json=simple_body(id=f"root-{i}")).status_code == 200
+            answer = http.post("/v2/models/simple/infer", json=simple_body(id="unsampled"),
+                               headers={"traceparent": f"00-{unsampled_trace}-{secrets.token_hex(8)}-00"})
+            assert answer.status_code == 200
+            answer = http.post("/v2/models/simple/infer", json=simple_body(id="sampled"),
+                               headers={"traceparent": f"00-{sampled_trace}-{secrets.token_hex(8)}-01"})
+            assert answer.status_code == 200
+        # Spans leave in the order their requests finished: once the last request's arrived, any earlier would have.
+        spans = receiver.trace(sampled_trace, 5)
+        assert {s["attributes"].get("request_id") for s in spans} == {"sampled", None}
+        with receiver.lock:
+            exported = {s["attributes"].get("request_id") for s in receiver.spans}
+        assert not exported & {"unsampled", *(f"root-{i}" for i in range(20))}
+        assert not [s for s in receiver.spans if s["trace_id"] == unsampled_trace]
+        lines = [json.loads(x) for x in server.log_text().splitlines() if x.startswith("{")]
+        access = {x["request_id"]: x for x in lines if x.get("logger") == "oip.access" and "request_id" in x}
+        assert access["unsampled"]["trace_id"] == unsampled_trace and len(access["unsampled"]["span_id"]) == 16
+        assert access["sampled"]["trace_id"] == sampled_trace
+        assert len({access[f"root-{i}"]["trace_id"] for i in range(20)}) == 20  # a new trace each
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+def test_the_otlp_encoding_is_the_sdks() -> None:
+    """What the server writes for its spans is byte for byte what the SDK's OTLP encoder writes for the same
+    spans: caller's parent or none, trace state, error with a message, non-ASCII and long values, many spans."""
+    from oip.server import tracing
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    resource = Resource.create({"service.name": "oip-under-test", "deployment": "é" * 200})
+    scope = InstrumentationScope("oip.server")
+    rng = secrets.SystemRandom()
+    spans = []
+    for i in range(60):
+        trace_id, request_id = rng.getrandbits(128) | 1, rng.getrandbits(64) | 1
+        start = time.time_ns() + rng.getrandbits(30)
+        spans.append(tracing.OtlpSpan(
+            trace_id, request_id, rng.getrandbits(64) | 1 if i % 3 else 0, bool(i % 3), "vendor=a,other=b" if i % 2
+            else "", f"ModelInfer model-{'x' * i}", True, start, start + 10**6,
+            (("model_name", f"model-{'x' * i}"), ("model_version", "1"), ("request_id", "ré" * i),
+             ("transport", "grpc"), ("status", "OK" if i % 4 else "MODEL_FAILURE")),
+            1 if i % 4 else 2, "" if i % 4 else "the model failed: " + "ü" * i,
+        ))
+        for phase in ("compute_input", "queue", "compute_infer", "compute_output"):
+            spans.append(tracing.OtlpSpan(trace_id, rng.getrandbits(64) | 1, request_id, False, "", phase, False,
+                                          start + 1, start + 2 + i, (), 0, ""))
+    envelope = tracing.envelope_of(resource, scope)
+    for batch in (spans[:1], spans[:5], spans):
+        expected = encode_spans(tracing.readable_spans(batch, resource, scope)).SerializeToString()
+        assert tracing.encode(batch, envelope) == expected
+
+    # The server's path: requests through the observer (a root, a caller's with a trace state and a failure, a
+    # decoupled one's phases), then the export request it writes, against the SDK's for the same spans.
+    from oip.server.errors import ModelFailure
+    from oip.server.timing import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
+    from opentelemetry.sdk.trace import TracerProvider
+
+    posted: list[tuple[bytes, int]] = []
+    observer = tracing.Tracing(TracerProvider(resource=resource), None, scope, lambda *sent: posted.append(sent))
+    try:
+        callers = (None, {"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01",
+                          "tracestate": "vendor=a,other=b"})
+        for i, caller in enumerate(callers):
+            timer = Timer(f"request-{i}", caller, "grpc")
+            observer.request_started(timer, "simple", "1")
+            for phase in (QUEUE, COMPUTE_INFER, COMPUTE_OUTPUT, COMPUTE_INFER, COMPUTE_OUTPUT):
+                timer.enter(phase)
+            observer.request_finished(timer.record("simple", "1", 1, ModelFailure("it broke") if i else None))
+        batch = list(observer.queue)
+        assert len(batch) == 2 and observer.envelope is not None
+        ids = [rng.getrandbits(64) | 1 for _ in range(12)]  # six phases each: compute_input and the five above
+        spans = [span for i, finished in enumerate(batch) for span in observer.spans_of(finished, iter(ids[6 * i:]))]
+        assert [s.parent_id for s in spans[8:]] == [spans[7].span_id] * 6 and spans[7].trace_state == "vendor=a,other=b"
+        encoded = b"".join(observer.encoded(finished, iter(ids[6 * i:])) for i, finished in enumerate(batch))
+        expected = encode_spans(tracing.readable_spans(spans, resource, scope)).SerializeToString()
+        assert tracing.wrap(encoded, observer.envelope) == expected
+    finally:
+        observer.shutdown()
+    assert sum(count for _, count in posted) == 14  # what was queued left at the stop
 
 
 def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
