@@ -94,17 +94,28 @@ class ModelStats:
     ) -> None:
         """One finished request: its outcome, batch size (1 for a model that does not batch) and phase times.
         A failed request counts only in `fail`, with its total time."""
-        with self._lock:
-            if not success:
+        if not success:
+            with self._lock:
                 self.fail.add(total_ns)
-                return
-            self.success.add(total_ns)
-            self.queue.add(queue_ns)
-            self.compute_input.add(compute_input_ns)
-            self.compute_infer.add(compute_infer_ns)
-            self.compute_output.add(compute_output_ns)
+            return
+        now_ms = time.time_ns() // 1_000_000
+        # Every request passes here: the counters are added to in place (`Duration.add` costs a call each).
+        success, queue, compute_input = self.success, self.queue, self.compute_input
+        compute_infer, compute_output = self.compute_infer, self.compute_output
+        with self._lock:
+            success.count += 1
+            success.ns += max(0, total_ns)
+            queue.count += 1
+            queue.ns += max(0, queue_ns)
+            compute_input.count += 1
+            compute_input.ns += max(0, compute_input_ns)
+            compute_infer.count += 1
+            compute_infer.ns += max(0, compute_infer_ns)
+            compute_output.count += 1
+            compute_output.ns += max(0, compute_output_ns)
             self.inference_count += batch_size
-            self.last_inference = max(self.last_inference, time.time_ns() // 1_000_000)
+            if now_ms > self.last_inference:
+                self.last_inference = now_ms
 
     def record_alone(
         self, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int, total_ns: int
@@ -145,9 +156,14 @@ class ModelStats:
             batch = self.batches.get(batch_size)
             if batch is None:
                 batch = self.batches[batch_size] = BatchStats()
-            batch.compute_input.add(compute_input_ns)
-            batch.compute_infer.add(compute_infer_ns)
-            batch.compute_output.add(compute_output_ns)
+            compute_input, compute_infer = batch.compute_input, batch.compute_infer
+            compute_output = batch.compute_output
+            compute_input.count += 1
+            compute_input.ns += max(0, compute_input_ns)
+            compute_infer.count += 1
+            compute_infer.ns += max(0, compute_infer_ns)
+            compute_output.count += 1
+            compute_output.ns += max(0, compute_output_ns)
 
     def to_proto(self) -> pb.ModelStatistics:
         """The `inference.ModelStatistics` message, every duration present (zero counts included)."""

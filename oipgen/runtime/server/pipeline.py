@@ -217,7 +217,7 @@ class Pipeline:
         """Call `model.infer`: what it returned, and when it started and ended (`time.perf_counter_ns`; the wait
         for a worker thread comes before the start, which `on_start` is told as it happens)."""
         hook = model.infer
-        plain = not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook))
+        plain = _is_plain(hook)
         if plain and model.inline:  # quick and never blocking: called here, on the loop
             started = time.perf_counter_ns()
             if on_start is not None:
@@ -489,6 +489,21 @@ def failure(exc: BaseException) -> OipError:
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):
         return Cancelled("the request was cancelled")
     return ModelFailure(f"internal server error ({type(exc).__name__})")
+
+
+_PLAIN: dict[Any, bool] = {}  # by `infer` function: whether it is plain (no coroutine or async generator function)
+
+
+def _is_plain(hook: Callable[..., Any]) -> bool:
+    """Whether `hook` is a plain function (not a coroutine or async generator function), remembered per function:
+    asked on every request, and `inspect` takes a microsecond to tell."""
+    function = getattr(hook, "__func__", None)  # a bound method's function: the same for every instance
+    plain = _PLAIN.get(function) if function is not None else None
+    if plain is None:
+        plain = not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook))
+        if function is not None:
+            _PLAIN[function] = plain
+    return plain
 
 
 def _execution(record: InferenceRecord) -> ExecutionRecord:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from .errors import ErrorKind, OipError
@@ -73,29 +73,64 @@ class Span:
     end_ns: int
 
 
-@dataclass(frozen=True, slots=True)
 class InferenceRecord:
     """One finished inference request, as the data plane saw it.
 
     `error` is None for a success; a failure counts only its total time (its phase durations are what it got
     through before it failed). A request fails here only once its model version was found ready: an unknown model
     or version is refused before the pipeline starts.
+
+    Made once per request: a plain class with slots (a frozen dataclass pays a call per field), its `spans` made
+    only when an observer reads them (tracing does; the statistics and metrics do not).
     """
 
-    model: str
-    version: str
-    request_id: str
-    batch_size: int  # the request's batch dimension for a model that batches, 1 otherwise
-    error: OipError | None
-    queue_ns: int
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    total_ns: int  # from the data plane's first look at the request to its last response
-    start_ns: int  # when the request reached the data plane, in nanoseconds since the Unix epoch
-    spans: tuple[Span, ...]  # the phases in the order the request went through them (at most MAX_SPANS)
-    first_response_ns: int | None = None  # a decoupled model's first response, after the start; None: none sent
-    state: dict[str, Any] = field(default_factory=dict)  # what observers kept for the request (`Timer.state`)
+    __slots__ = (
+        "_marks", "_offset", "_spans", "batch_size", "compute_infer_ns", "compute_input_ns", "compute_output_ns",
+        "error", "first_response_ns", "model", "queue_ns", "request_id", "start_ns", "state", "total_ns", "version",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        request_id: str,
+        batch_size: int,  # the request's batch dimension for a model that batches, 1 otherwise
+        error: OipError | None,
+        queue_ns: int,
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+        total_ns: int,  # from the data plane's first look at the request to its last response
+        start_ns: int,  # when the request reached the data plane, in nanoseconds since the Unix epoch
+        marks: Sequence[tuple[str, int, int]] = (),  # the phases as (phase, start, end) on another clock
+        offset_ns: int = 0,  # that clock's reading + offset_ns = nanoseconds since the Unix epoch
+        first_response_ns: int | None = None,  # a decoupled model's first response, after the start; None: none
+        state: dict[str, Any] | None = None,  # what observers kept for the request (`Timer.state`)
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.request_id = request_id
+        self.batch_size = batch_size
+        self.error = error
+        self.queue_ns = queue_ns
+        self.compute_input_ns = compute_input_ns
+        self.compute_infer_ns = compute_infer_ns
+        self.compute_output_ns = compute_output_ns
+        self.total_ns = total_ns
+        self.start_ns = start_ns
+        self.first_response_ns = first_response_ns
+        self.state: dict[str, Any] = {} if state is None else state
+        self._marks = marks
+        self._offset = offset_ns
+        self._spans: tuple[Span, ...] | None = None
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        """The phases in the order the request went through them (at most MAX_SPANS), in wall-clock time."""
+        if self._spans is None:
+            offset = self._offset
+            self._spans = tuple(Span(phase, start + offset, end + offset) for phase, start, end in self._marks)
+        return self._spans
 
     @property
     def ok(self) -> bool:
@@ -105,6 +140,13 @@ class InferenceRecord:
     def error_kind(self) -> ErrorKind | None:
         """The failure's kind (a status: invalid argument, model failure...), None for a success."""
         return self.error.kind if self.error is not None else None
+
+    def __repr__(self) -> str:
+        outcome = "ok" if self.error is None else f"failed ({self.error.kind.name})"
+        return (
+            f"<InferenceRecord {self.model!r} version {self.version!r} id {self.request_id!r}: {outcome}, "
+            f"{self.total_ns} ns>"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,22 +226,10 @@ class Timer:
         """Close the current phase and make the request's record; the total runs until now."""
         end = self.enter(None)
         d = self._durations
-        offset = self.start_unix - self.start
         return InferenceRecord(
-            model=model,
-            version=version,
-            request_id=self.request_id,
-            batch_size=batch_size,
-            error=error,
-            queue_ns=d[QUEUE],
-            compute_input_ns=d[COMPUTE_INPUT],
-            compute_infer_ns=d[COMPUTE_INFER],
-            compute_output_ns=d[COMPUTE_OUTPUT],
-            total_ns=end - self.start,
-            start_ns=self.start_unix,
-            spans=tuple(Span(phase, start + offset, end_ + offset) for phase, start, end_ in self._spans),
-            first_response_ns=None if self.first_response is None else self.first_response - self.start,
-            state=self.state,
+            model, version, self.request_id, batch_size, error, d[QUEUE], d[COMPUTE_INPUT], d[COMPUTE_INFER],
+            d[COMPUTE_OUTPUT], end - self.start, self.start_unix, tuple(self._spans), self.start_unix - self.start,
+            None if self.first_response is None else self.first_response - self.start, self.state,
         )
 
 

@@ -54,7 +54,10 @@ def declared_shape(model: Model, spec: TensorSpec) -> tuple[int, ...]:
 def _matches(declared: Sequence[int], shape: Sequence[int]) -> bool:
     if len(shape) != len(declared):
         return False
-    return all(d == -1 or d == s for d, s in zip(declared, shape, strict=True))
+    for d, s in zip(declared, shape, strict=True):  # noqa: SIM110 (a loop: cheaper than all() over a generator)
+        if d != s and d != -1:
+            return False
+    return True
 
 
 
@@ -88,7 +91,9 @@ def check_inputs(model: Model, tensors: Sequence[Tensor]) -> tuple[dict[str, npt
                 f"expects '{spec.datatype}'"
             )
         shape = tensor.shape
-        if any(isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in shape):
+        if not _plain_shape(shape) and any(
+            isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in shape
+        ):
             raise InvalidRequest(f"input '{spec.name}': shape {shape_text(shape)} is invalid")
         expected = declared_shape(model, spec)
         if not _matches(expected, shape):
@@ -118,11 +123,19 @@ def check_inputs(model: Model, tensors: Sequence[Tensor]) -> tuple[dict[str, npt
     return arrays, batch[1] if batch is not None else 1
 
 
+def _plain_shape(shape: Sequence[Any]) -> bool:
+    """Whether every dimension is a Python int >= 0 (what the transports give): the common case, told quickly."""
+    for d in shape:  # noqa: SIM110 (a loop: cheaper than all() over a generator)
+        if type(d) is not int or d < 0:
+            return False
+    return True
+
+
 def _input_array(spec: TensorSpec, tensor: Tensor) -> npt.NDArray[Any]:
     data = tensor.data
     if data is None:
         raise InvalidRequest(f"input '{spec.name}' has no data")
-    dims = tuple(int(d) for d in tensor.shape)
+    dims = tuple(tensor.shape) if _plain_shape(tensor.shape) else tuple(int(d) for d in tensor.shape)
     if data.shape != dims:
         count = int(np.prod(dims, dtype=np.int64)) if dims else 1
         if data.size != count:
@@ -209,11 +222,15 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
     if spec.name not in outputs:
         raise ModelFailure(f"model '{model.name}' did not return output '{spec.name}'")
     value = outputs[spec.name]
-    try:
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        array = codec.as_datatype(array, spec.datatype)
-    except (ValueError, TypeError) as exc:
-        raise ModelFailure(f"model '{model.name}' output '{spec.name}': {exc}") from exc
+    info = datatypes.BY_NAME.get(spec.datatype)
+    if info is not None and not info.variable and type(value) is np.ndarray and value.dtype == info.dtype:
+        array = value  # already in its datatype (what most models return): nothing to convert
+    else:
+        try:
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            array = codec.as_datatype(array, spec.datatype)
+        except (ValueError, TypeError) as exc:
+            raise ModelFailure(f"model '{model.name}' output '{spec.name}': {exc}") from exc
     expected = declared_shape(model, spec)
     if not _matches(expected, array.shape) or (model.max_batch_size > 0 and array.shape[0] != batch_size):
         batch = f" for a batch of {batch_size}" if model.max_batch_size > 0 else ""
