@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -500,3 +502,63 @@ def test_bad_input_leaves_no_traceback(server: Server) -> None:
 def test_models_still_all_ready(http: httpx.Client) -> None:
     assert http.get("/v2/health/ready").json() == {"ready": True}
     assert {m["state"] for m in http.post("/v2/repository/index").json()} == {"READY"}
+
+
+def _http_answer(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
+    """One HTTP answer (head, body by Content-Length) read from a keep-alive connection."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed: {bytes(buffer)!r}"
+        buffer += chunk
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the connection closed mid-body"
+        rest += chunk
+    buffer[:] = rest[length:]
+    return head, rest[:length]
+
+
+def _timed_out(sock: socket.socket) -> float:
+    """Read until the server closes the connection: it must have answered 408 with an error body; the wait."""
+    start = time.monotonic()
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    waited = time.monotonic() - start
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert "did not arrive within 0.5 seconds" in json.loads(body)["error"], body
+    return waited
+
+
+def test_slow_headers_answer_408_and_busy_connections_stay(tmp_path: Path) -> None:
+    """--http-header-timeout: a request line and headers that take longer than the timeout (from the connection's
+    start, or from the first byte of a later request) get 408 with an error body; a keep-alive connection whose
+    requests arrive whole is never cut, however long it lives (about 4 s)."""
+    with running(build_repository(tmp_path / "models", only=("simple",)), tmp_path,
+                 "--http-header-timeout", "0.5") as server:
+        address = ("127.0.0.1", server.http_port)
+        with socket.create_connection(address, timeout=TIMEOUT) as sock:  # nothing at all
+            assert 0.4 < _timed_out(sock) < TIMEOUT
+        with socket.create_connection(address, timeout=TIMEOUT) as sock:  # a first line, then nothing
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+            assert 0.4 < _timed_out(sock) < TIMEOUT
+        with socket.create_connection(address, timeout=TIMEOUT) as sock:
+            buffer = bytearray()
+            started = time.monotonic()
+            answered = 0
+            while time.monotonic() - started < 1.6:  # whole requests for over three timeouts: all answered
+                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                head, body = _http_answer(sock, buffer)
+                assert head.startswith(b"HTTP/1.1 200 "), head
+                assert json.loads(body) == {"live": True}
+                answered += 1
+                time.sleep(0.2)
+            assert answered >= 6
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")  # a later request that stalls mid-headers
+            assert 0.4 < _timed_out(sock) < TIMEOUT
+        with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http:
+            assert http.post("/v2/models/simple/infer", json=simple()).status_code == 200

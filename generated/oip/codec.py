@@ -126,6 +126,14 @@ def datatype_of(array_or_dtype: Any) -> str:
 
 def _check_shape(shape: Any, name: str) -> tuple[tuple[int, ...], int]:
     """The shape as a tuple of ints and its element count, computed without allocating anything by shape."""
+    if type(shape) is list:  # what JSON gives: told quickly when every dimension is a plain int in range
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= _MAX_DIM:
+                break
+            count *= dim
+        else:
+            return tuple(shape), count
     if isinstance(shape, str | bytes) or not isinstance(shape, Iterable):
         _fail(name, f"shape must be a list of integers, got {type(shape).__name__}")
     dims = list(shape)
@@ -259,6 +267,8 @@ def from_json(data: Any, datatype: str, shape: Sequence[int], *, name: str = "")
 
 
 _SMALL: Final = 256  # flat lists up to this length are checked in Python: cheaper than numpy's whole-array calls
+_INT_ONLY: Final = frozenset({int})
+_PLAIN_NUMBERS: Final = frozenset({int, float})
 _FLOAT_MAX: Final = {
     d.name: float(np.finfo(d.dtype).max) for d in datatypes.DATATYPES if d.dtype.kind == "f" and d.dtype.itemsize >= 4
 }
@@ -269,9 +279,10 @@ def _small_numbers(data: list[Any], info: DatatypeInfo) -> Array | None:
     integer datatypes take whole numbers in range, float32/float64 take ints and floats that cannot overflow
     (JSON has no NaN or infinity). Booleans, strings and nested lists go the general way."""
     family = _FAMILY[info.name]
+    kinds = set(map(type, data))  # exact types: bool is not int here
     if family == "int":
-        if not all(type(v) is int for v in data):
-            if not all(type(v) is int or (type(v) is float and v.is_integer()) for v in data):
+        if kinds != _INT_ONLY:
+            if not kinds <= _PLAIN_NUMBERS or not all(v.is_integer() for v in data if type(v) is float):
                 return None
             data = list(map(int, data))  # whole numbers written with a fraction (1.0): exact as Python ints
         low, high = _INT_RANGE[info.name]
@@ -280,7 +291,7 @@ def _small_numbers(data: list[Any], info: DatatypeInfo) -> Array | None:
         return np.array(data, dtype=info.dtype)
     limit = _FLOAT_MAX.get(info.name)
     if limit is not None:
-        if not all(type(v) is float or type(v) is int for v in data):
+        if not kinds <= _PLAIN_NUMBERS:
             return None
         if max(max(data), -min(data)) > limit:
             return None

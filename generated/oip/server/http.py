@@ -49,70 +49,80 @@ def http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Pr
         return "auto"
 
     class Protocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _body_timer: asyncio.TimerHandle | None = None
+        # One timer per connection, not one or two per request (arming and cancelling loop timers on every request
+        # is a measurable part of a small request's cost). A request notes when its request line and headers
+        # started (`_waiting`, None once they are complete) and when its body last made progress (`_receiving`,
+        # None once the message is complete); the timer, when it fires, answers 408 for whichever is late, and
+        # otherwise waits again until the first moment one of them could be.
+        _timer: asyncio.TimerHandle | None = None
+        _waiting: float | None = None  # loop time at which the pending request line and headers started
+        _receiving: float | None = None  # loop time of the pending body's last progress
 
-        def _arm(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+        def _watch(self, delay: float) -> None:
+            self._timer = self.loop.call_later(delay, self._check)
+
+        def _check(self) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            now = self.loop.time()
+            delay = min(header_timeout, body_timeout)
+            if self._waiting is not None:
+                late = self._waiting + header_timeout - now
+                if late <= 0:
+                    message = f"the request line and headers did not arrive within {header_timeout:g} seconds"
+                    self.transport.write(_answer(b"408 Request Timeout", message))
+                    self.transport.close()
+                    return
+                delay = min(delay, late)
+            if self._receiving is not None:
+                late = self._receiving + body_timeout - now
+                if self.cycle is None or self.cycle.response_complete:  # answered: the body no longer matters
+                    self._receiving = None
+                elif late <= 0 and self.flow.read_paused:  # the server is not reading: not the client's doing
+                    self._receiving = now
+                    delay = min(delay, body_timeout)
+                elif late <= 0:
+                    if not self.cycle.response_started:
+                        message = f"the request body paused for more than {body_timeout:g} seconds"
+                        self.transport.write(_answer(b"408 Request Timeout", message))
+                    self.transport.close()
+                    return
+                else:
+                    delay = min(delay, late)
+            self._watch(delay)
 
         def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if not self.transport.is_closing():
-                message = f"the request line and headers did not arrive within {header_timeout:g} seconds"
-                self.transport.write(_answer(b"408 Request Timeout", message))
-                self.transport.close()
-
-        def _arm_body(self) -> None:
-            self._disarm_body()
-            self._body_timer = self.loop.call_later(body_timeout, self._body_too_slow)
-
-        def _disarm_body(self) -> None:
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-
-        def _body_too_slow(self) -> None:
-            self._body_timer = None
-            if self.transport.is_closing() or self.cycle is None or self.cycle.response_complete:
-                return
-            if self.flow.read_paused:  # the server is not reading (the app has not taken what came): not the client
-                self._arm_body()
-                return
-            if not self.cycle.response_started:
-                message = f"the request body paused for more than {body_timeout:g} seconds"
-                self.transport.write(_answer(b"408 Request Timeout", message))
-            self.transport.close()
+            self._waiting = self._receiving = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
+            self._waiting = self.loop.time()
+            self._watch(min(header_timeout, body_timeout))
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            self._disarm_body()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm()
+            if self._waiting is None:  # a later request: its first byte starts the clock (the first: the connection)
+                self._waiting = self.loop.time()
 
         def on_headers_complete(self) -> None:
-            self._disarm()
+            self._waiting = None
             super().on_headers_complete()
-            self._arm_body()  # until the message is complete
+            self._receiving = self.loop.time()  # until the message is complete
 
         def on_body(self, body: bytes) -> None:
             super().on_body(body)
-            self._arm_body()
+            self._receiving = self.loop.time()
 
         def on_message_complete(self) -> None:
-            self._disarm_body()
+            self._receiving = None
             super().on_message_complete()
 
         def send_400_response(self, msg: str) -> None:

@@ -153,9 +153,10 @@ class InferenceRecord:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExecutionRecord:
-    """One run of a model: `batch_size` is the sum of the batch sizes of the requests it served."""
+    """One run of a model: `batch_size` is the sum of the batch sizes of the requests it served. (Not frozen: a
+    frozen dataclass's constructor pays a call per field, and one is made per request.)"""
 
     model: str
     version: str

@@ -224,7 +224,7 @@ class Pipeline:
                 on_start(started)
             try:
                 result = hook(inputs, parameters)
-                if inspect.isawaitable(result):
+                if type(result) is not dict and inspect.isawaitable(result):  # dict: the common answer, told quickly
                     result = await result
             except OipError:
                 raise
