@@ -96,11 +96,11 @@ class ModelStats:
             return
         now_ms = time.time_ns() // 1_000_000
         # Every request passes here: the counters are added to in place (`Duration.add` costs a call each).
-        success, queue, compute_input = self.success, self.queue, self.compute_input
+        succeeded, queue, compute_input = self.success, self.queue, self.compute_input
         compute_infer, compute_output = self.compute_infer, self.compute_output
         with self._lock:
-            success.count += 1
-            success.ns += max(0, total_ns)
+            succeeded.count += 1
+            succeeded.ns += max(0, total_ns)
             queue.count += 1
             queue.ns += max(0, queue_ns)
             compute_input.count += 1
