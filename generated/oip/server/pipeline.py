@@ -56,10 +56,10 @@ from .timing import (
     COMPUTE_OUTPUT,
     QUEUE,
     ExecutionRecord,
-    InferenceRecord,
     Observer,
     Timer,
     notify_execution,
+    notify_ran_alone,
     notify_request,
     notify_started,
 )
@@ -434,8 +434,9 @@ class Pipeline:
         """Report a successful request; `executed`: it ran the model alone (the batcher reports its batches)."""
         record = timer.record(model.name, model.version, batch_size)
         if executed:
-            notify_execution(self.observers, _execution(record))
-        notify_request(self.observers, record)
+            notify_ran_alone(self.observers, record)
+        else:
+            notify_request(self.observers, record)
 
     def _failed(self, timer: Timer, model: Model, exc: BaseException) -> None:
         self.report(timer.record(model.name, model.version, 1, failure(exc)))
@@ -508,14 +509,6 @@ def _is_plain(hook: Callable[..., Any]) -> bool:
         if function is not None:
             _PLAIN[function] = plain
     return plain
-
-
-def _execution(record: InferenceRecord) -> ExecutionRecord:
-    """The model run of a request that ran alone: its phases."""
-    return ExecutionRecord(
-        record.model, record.version, record.batch_size, record.compute_input_ns, record.compute_infer_ns,
-        record.compute_output_ns,
-    )
 
 
 async def _awaited(result: Any) -> Any:

@@ -252,3 +252,13 @@ class Statistics(Observer):
         self.for_model(record.model, record.version).record_execution(
             record.batch_size, record.compute_input_ns, record.compute_infer_ns, record.compute_output_ns
         )
+
+    def request_ran_alone(self, record: InferenceRecord) -> None:
+        stats = self.for_model(record.model, record.version)
+        stats.record_execution(
+            record.batch_size, record.compute_input_ns, record.compute_infer_ns, record.compute_output_ns
+        )
+        stats.record_request(
+            True, record.batch_size, record.queue_ns, record.compute_input_ns, record.compute_infer_ns,
+            record.compute_output_ns, record.total_ns,
+        )

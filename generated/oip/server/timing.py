@@ -49,7 +49,9 @@ __all__ = [
     "Span",
     "Timer",
     "current",
+    "execution_of",
     "notify_execution",
+    "notify_ran_alone",
     "notify_request",
     "notify_started",
     "set_current",
@@ -179,6 +181,13 @@ class Observer:
     def execution_finished(self, record: ExecutionRecord) -> None:
         """A model run is done (before the requests it served finish)."""
 
+    def request_ran_alone(self, record: InferenceRecord) -> None:
+        """A successful request that ran the model by itself is done: that run (`execution_finished` with the
+        request's own phases), then the request (`request_finished`). One call instead of two on the way every
+        plain request takes; override it to do both more cheaply."""
+        self.execution_finished(execution_of(record))
+        self.request_finished(record)
+
 
 class Timer:
     """The phases of one inference request (see the module's description).
@@ -268,6 +277,24 @@ def notify_request(observers: Iterable[Observer], record: InferenceRecord) -> No
             observer.request_finished(record)
         except Exception:
             log.exception("observer %r failed on a finished request", observer)
+
+
+def notify_ran_alone(observers: Iterable[Observer], record: InferenceRecord) -> None:
+    """Tell every observer about a successful request that ran the model by itself (`Observer.request_ran_alone`);
+    an observer's exception is logged, never raised."""
+    for observer in observers:
+        try:
+            observer.request_ran_alone(record)
+        except Exception:
+            log.exception("observer %r failed on a finished request", observer)
+
+
+def execution_of(record: InferenceRecord) -> ExecutionRecord:
+    """The model run of a request that ran alone: its phases."""
+    return ExecutionRecord(
+        record.model, record.version, record.batch_size, record.compute_input_ns, record.compute_infer_ns,
+        record.compute_output_ns,
+    )
 
 
 def notify_execution(observers: Iterable[Observer], record: ExecutionRecord) -> None:

@@ -228,6 +228,9 @@ class Metrics(Observer):
             self.pending[key] = self.pending.get(key, 1) - 1
             self.duration.observe(key, total_ns / 1e9)
 
+    def request_ran_alone(self, record: InferenceRecord) -> None:
+        self.request_finished(record)  # model runs are not counted here (nv_inference_exec_count: the statistics)
+
     # --- the transports -----------------------------------------------------------------------------------------
 
     def count(self, transport: str, operation: str, code: str) -> None:

@@ -48,6 +48,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final
 
 import numpy.typing as npt
@@ -209,10 +210,10 @@ class Region:
 class _Using:
     __slots__ = ("regions",)
 
-    def __init__(self, regions: dict[str, Region]) -> None:
+    def __init__(self, regions: Mapping[str, Region]) -> None:
         self.regions = regions
 
-    def __enter__(self) -> dict[str, Region]:
+    def __enter__(self) -> Mapping[str, Region]:
         for region in self.regions.values():
             region.acquire()
         return self.regions
@@ -220,6 +221,9 @@ class _Using:
     def __exit__(self, *exc_info: object) -> None:
         for region in self.regions.values():
             region.release()
+
+
+_NOTHING: Final = _Using(MappingProxyType({}))  # the regions of a request that places no output in shared memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +419,8 @@ class SharedMemory:
     def using(self, placements: Mapping[str, Placement]) -> _Using:
         """`with shared_memory.using(placements) as regions`: the regions of the outputs to write, by output
         name, checked now and kept open until the block ends (even if unregistered meanwhile)."""
+        if not placements:  # most requests: nothing to hold
+            return _NOTHING
         return _Using({name: self._region(p, f"output '{name}'") for name, p in placements.items()})
 
     @staticmethod
