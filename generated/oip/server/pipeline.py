@@ -56,6 +56,7 @@ from .timing import (
     COMPUTE_OUTPUT,
     QUEUE,
     ExecutionRecord,
+    InferenceRecord,
     Observer,
     Timer,
     notify_execution,

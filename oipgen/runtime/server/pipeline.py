@@ -52,6 +52,7 @@ from .timing import (
     COMPUTE_OUTPUT,
     QUEUE,
     ExecutionRecord,
+    InferenceRecord,
     Observer,
     Timer,
     notify_execution,
