@@ -291,7 +291,7 @@ class UnaryInfer:
             model=plan.model.name, version=plan.model.version, request_id=message.id, batch_size=1,
             error=failure(exc), queue_ns=started - queued, compute_input_ns=queued - start,
             compute_infer_ns=ended - started, compute_output_ns=now - ended, total_ns=now - start,
-            start_ns=time.time_ns() - (now - start), spans=(),
+            start_ns=time.time_ns() - (now - start),
         )
         self.pipeline.report(record)
 
