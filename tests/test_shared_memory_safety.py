@@ -147,8 +147,9 @@ def test_caps_refuse_before_resources_run_out(server: Server, http: httpx.Client
         ("r", "/..", "invalid shared memory key"),
         ("x" * 300, PREFIX + "a", "at most 255 characters"),
         ("line\nbreak", PREFIX + "a", "no control characters"),
+        ("c1\x85control", PREFIX + "a", "no control characters"),
     ],
-    ids=["slash", "double_leading_slash", "nul", "long_key", "dotdot", "long_name", "control_name"],
+    ids=["slash", "double_leading_slash", "nul", "long_key", "dotdot", "long_name", "control_name", "c1_name"],
 )
 def test_names_and_keys_are_validated(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, name: str,
                                       key: str, message: str) -> None:
@@ -157,6 +158,14 @@ def test_names_and_keys_are_validated(http: httpx.Client, stub: pb_grpc.GRPCInfe
     code, error = grpc_call(stub, "SystemSharedMemoryRegister",
                             pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=8))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and message in error.details()
+
+
+def test_any_name_without_control_characters_is_a_region_name(http: httpx.Client) -> None:
+    """The spec's pattern refuses only C0 and C1 control characters: other characters (private use, unassigned,
+    not printable to Python) name a region; the answer is then about the key, not the name."""
+    name = "r\U000fc072\u00e2\U000e250e"
+    got = assert_error_body(_register_named(http, name, PREFIX + "a/b"), 400)
+    assert "no other '/'" in got and "region name" not in got, got
 
 
 def _register_named(http: httpx.Client, name: str, key: str) -> httpx.Response:

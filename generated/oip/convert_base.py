@@ -262,6 +262,8 @@ def _fill_params(cases: ParamCases, params: Mapping[str, Any], target: Any, stri
             continue
         entry = target[key]
         c = cases.cases
+        if isinstance(value, float) and "float" not in c and value.is_integer():
+            value = int(value)  # JSON has one number type: where no double fits, an integral 2.0 is the integer 2
         if isinstance(value, bool) and "bool" in c:
             setattr(entry, c["bool"], value)
         elif isinstance(value, int) and not isinstance(value, bool):

@@ -171,12 +171,17 @@ class RequestOutput(OipModel):
     parameters: InferRequestedOutputParameters | None = None
 
 
+RepositoryParametersAdditionalProperty = TypeAliasType(
+    "RepositoryParametersAdditionalProperty", Annotated[int, Field(ge=-9223372036854775808, le=9223372036854775807)]
+)
+
+
 class RepositoryParameters(OipModel):
     model_config = ConfigDict(
         extra='allow',
     )
     __annotations__ = {
-        '__pydantic_extra__': Dict[str, bool | int | str],
+        '__pydantic_extra__': Dict[str, bool | RepositoryParametersAdditionalProperty | str],
     }
     config: Annotated[
         str | None, Field(description="Load only. A ModelConfig in JSON form that replaces the repository's.")

@@ -196,6 +196,8 @@ def _scalar(f: Field, value: Any, at: str) -> Any:
 
 
 def _param(value: Any, allowed: Mapping[str, str], at: str) -> Any:
+    if isinstance(value, float) and "float" not in allowed and value.is_integer():
+        value = int(value)  # JSON has one number type: where no double fits, an integral 2.0 is the integer 2
     kind = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(value))
     if kind == "int":
         if _RANGES["int64"][0] <= value <= _RANGES["int64"][1] and "int" in allowed:

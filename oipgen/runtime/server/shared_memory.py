@@ -44,6 +44,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ KEYS: Final = frozenset({REGION, OFFSET, BYTE_SIZE})
 
 ROOT: Final = Path("/dev/shm")
 _NAME_MAX: Final = 255  # bytes of an object name (NAME_MAX), and characters of a region name
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters, as the spec's pattern says
 MAX_REGIONS: Final = 1024
 MAX_BYTES: Final = 16 * 1024**3
 
@@ -272,7 +274,7 @@ def _object_name(key: str) -> str:
 def _check_region_name(name: str) -> None:
     if not name:
         raise InvalidRequest("'region name' is necessary to register a system shared memory region")
-    if len(name) > _NAME_MAX or not name.isprintable():
+    if len(name) > _NAME_MAX or _CONTROL.search(name):
         raise InvalidRequest(
             f"invalid shared memory region name {name!r}: at most {_NAME_MAX} characters, no control characters"
         )
