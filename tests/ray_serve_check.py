@@ -248,7 +248,7 @@ def main() -> int:
         # Stop: serve run shuts the applications down on SIGINT; then the cluster's processes, by PID.
         stopping = time.monotonic()
         serve_run.send_signal(signal.SIGINT)
-        report["serve_run_exit"] = serve_run.wait(timeout=60)
+        report["serve_run_exit"] = serve_run.wait(timeout=120)  # its shutdown waits for the replicas to drain
         report["stopped"] = stop_all()
         report["stop_s"] = time.monotonic() - stopping
     finally:
