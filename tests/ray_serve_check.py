@@ -199,6 +199,9 @@ def reap() -> None:
 
 def main() -> int:
     plan = json.loads(Path(sys.argv[1]).read_text())
+    # A suite started in the background by a shell inherits SIGINT ignored, and so would `serve run`, which stops
+    # on SIGINT: give it the default disposition.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     netns.loopback_up()
     workdir = Path(plan["workdir"])
     ray_bin = Path(plan["ray_bin"])
@@ -248,7 +251,7 @@ def main() -> int:
         # Stop: serve run shuts the applications down on SIGINT; then the cluster's processes, by PID.
         stopping = time.monotonic()
         serve_run.send_signal(signal.SIGINT)
-        report["serve_run_exit"] = serve_run.wait(timeout=120)  # its shutdown waits for the replicas to drain
+        report["serve_run_exit"] = serve_run.wait(timeout=60)
         report["stopped"] = stop_all()
         report["stop_s"] = time.monotonic() - stopping
     finally:
