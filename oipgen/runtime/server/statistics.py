@@ -95,71 +95,61 @@ class ModelStats:
                 self.fail.add(total_ns)
             return
         now_ms = time.time_ns() // 1_000_000
-        # Every request passes here: the counters are added to in place (`Duration.add` costs a call each).
-        succeeded, queue, compute_input = self.success, self.queue, self.compute_input
-        compute_infer, compute_output = self.compute_infer, self.compute_output
         with self._lock:
-            succeeded.count += 1
-            succeeded.ns += max(0, total_ns)
-            queue.count += 1
-            queue.ns += max(0, queue_ns)
-            compute_input.count += 1
-            compute_input.ns += max(0, compute_input_ns)
-            compute_infer.count += 1
-            compute_infer.ns += max(0, compute_infer_ns)
-            compute_output.count += 1
-            compute_output.ns += max(0, compute_output_ns)
-            self.inference_count += batch_size
-            if now_ms > self.last_inference:
-                self.last_inference = now_ms
+            self._add_request(batch_size, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns, total_ns,
+                              now_ms)
 
     def record_alone(
         self, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int, total_ns: int
     ) -> None:
         """A successful request of batch size 1 that ran the model alone: `record_request` and
         `record_execution` at once (the same counts, under one lock)."""
-        last = time.time_ns() // 1_000_000
+        now_ms = time.time_ns() // 1_000_000
         with self._lock:
-            self.success.count += 1
-            self.success.ns += total_ns
-            self.queue.count += 1
-            self.queue.ns += queue_ns
-            self.compute_input.count += 1
-            self.compute_input.ns += compute_input_ns
-            self.compute_infer.count += 1
-            self.compute_infer.ns += compute_infer_ns
-            self.compute_output.count += 1
-            self.compute_output.ns += compute_output_ns
-            self.inference_count += 1
-            self.last_inference = max(self.last_inference, last)
-            self.execution_count += 1
-            batch = self.batches.get(1)
-            if batch is None:
-                batch = self.batches[1] = BatchStats()
-            batch.compute_input.count += 1
-            batch.compute_input.ns += compute_input_ns
-            batch.compute_infer.count += 1
-            batch.compute_infer.ns += compute_infer_ns
-            batch.compute_output.count += 1
-            batch.compute_output.ns += compute_output_ns
+            self._add_request(1, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns, total_ns, now_ms)
+            self._add_execution(1, compute_input_ns, compute_infer_ns, compute_output_ns)
 
     def record_execution(
         self, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
     ) -> None:
         """One run of the model over `batch_size` items (the sum of the batch sizes of the requests it served)."""
         with self._lock:
-            self.execution_count += 1
-            batch = self.batches.get(batch_size)
-            if batch is None:
-                batch = self.batches[batch_size] = BatchStats()
-            compute_input, compute_infer = batch.compute_input, batch.compute_infer
-            compute_output = batch.compute_output
-            compute_input.count += 1
-            compute_input.ns += max(0, compute_input_ns)
-            compute_infer.count += 1
-            compute_infer.ns += max(0, compute_infer_ns)
-            compute_output.count += 1
-            compute_output.ns += max(0, compute_output_ns)
+            self._add_execution(batch_size, compute_input_ns, compute_infer_ns, compute_output_ns)
+
+    # Every request passes through these, under the lock: the counters are added to in place (`Duration.add`
+    # costs a call each).
+    def _add_request(self, batch_size: int, queue_ns: int, compute_input_ns: int, compute_infer_ns: int,
+                     compute_output_ns: int, total_ns: int, now_ms: int) -> None:
+        succeeded, queue, compute_input = self.success, self.queue, self.compute_input
+        compute_infer, compute_output = self.compute_infer, self.compute_output
+        succeeded.count += 1
+        succeeded.ns += max(0, total_ns)
+        queue.count += 1
+        queue.ns += max(0, queue_ns)
+        compute_input.count += 1
+        compute_input.ns += max(0, compute_input_ns)
+        compute_infer.count += 1
+        compute_infer.ns += max(0, compute_infer_ns)
+        compute_output.count += 1
+        compute_output.ns += max(0, compute_output_ns)
+        self.inference_count += batch_size
+        if now_ms > self.last_inference:
+            self.last_inference = now_ms
+
+    def _add_execution(self, batch_size: int, compute_input_ns: int, compute_infer_ns: int,
+                       compute_output_ns: int) -> None:
+        self.execution_count += 1
+        batch = self.batches.get(batch_size)
+        if batch is None:
+            batch = self.batches[batch_size] = BatchStats()
+        compute_input, compute_infer = batch.compute_input, batch.compute_infer
+        compute_output = batch.compute_output
+        compute_input.count += 1
+        compute_input.ns += max(0, compute_input_ns)
+        compute_infer.count += 1
+        compute_infer.ns += max(0, compute_infer_ns)
+        compute_output.count += 1
+        compute_output.ns += max(0, compute_output_ns)
 
     def to_proto(self) -> pb.ModelStatistics:
         """The `inference.ModelStatistics` message, every duration present (zero counts included)."""
