@@ -25,6 +25,8 @@ ANSWER = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
 
 
 class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # connections kept alive, as an OpenTelemetry Collector keeps them
+
     def do_POST(self) -> None:  # http.server's naming
         data = self.rfile.read(int(self.headers.get("content-length", "0")))
         request = trace_service_pb2.ExportTraceServiceRequest.FromString(data)

@@ -229,7 +229,7 @@ def test_what_the_lean_way_does_not_take_is_left_untouched(case: str) -> None:
     assert dp.metrics is not None and not any(dp.metrics.pending.values())
 
 
-def test_an_observer_or_tracing_sends_requests_the_general_way() -> None:
+def test_another_observer_sends_requests_the_general_way() -> None:
     dp = plane()
     lean = lean_way(dp)
     assert lean(request()) is not None
@@ -247,8 +247,87 @@ def test_an_observer_or_tracing_sends_requests_the_general_way() -> None:
     general(dp, request())
     assert len(seen.records) == 1
     dp.observers.remove(seen)
+    assert lean(request()) is not None
+
+
+class Peeking(Simple):
+    """Simple, noting what the OpenTelemetry API and the server's timer see as current while it runs."""
+
+    name = "peeking"
+
+    def load(self) -> None:
+        self.seen: list[tuple[Any, Any]] = []
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        from oip.server.timing import current
+        from opentelemetry import trace
+
+        self.seen.append((trace.get_current_span().get_span_context(), current()))
+        return super().infer(inputs, parameters)
+
+
+def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
+    """A traced request takes the lean way: the same answer, and the same spans as the general way gives it (the
+    caller's trace, the request span's attributes and status, one child per phase in the same order, inside the
+    request's time); the request's span is OpenTelemetry's current one while the model runs, and not after; a
+    failure's span says so and has the phases it reached."""
+    import secrets
+
+    from oip.server import tracing
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    peeking = Peeking()
+    dp = plane(peeking, Answers("failing", lambda i: 1 / 0))
     dp.settings.tracing = True
-    assert lean(request()) is None
+    observer = tracing.Tracing(TracerProvider(), None, InstrumentationScope("oip.server"), lambda *sent: None)
+    dp.observers.append(observer)
+    lean = lean_way(dp)
+    try:
+        trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+        caller = {"traceparent": f"00-{trace_id}-{parent}-01"}
+        reply = lean(request("peeking", id="lean"), caller)
+        assert reply is not None  # the lean way answered
+        assert trace.get_current_span().get_span_context().is_valid is False  # nothing left current here
+        decoded = decode_infer_request(request("peeking", id="lean"), dp.settings)
+        decoded.trace, decoded.transport = caller, "grpc"
+        assert parsed(reply) == encode_infer_response(dp.pipeline.infer_in_thread(decoded))
+        finished = list(observer.queue)
+        assert len(finished) == 2
+        ids = iter(range(1, 1000))
+        lean_spans, general_spans = (observer.spans_of(f, ids) for f in finished[:2])
+        assert [s.name for s in lean_spans] == [s.name for s in general_spans] == [
+            "ModelInfer peeking", "compute_input", "queue", "compute_infer", "compute_output"]
+        for ours, theirs in zip(lean_spans, general_spans, strict=True):
+            assert ours.trace_id == theirs.trace_id == int(trace_id, 16)
+            assert (ours.server, ours.status, ours.message, ours.trace_state, ours.remote) == (
+                theirs.server, theirs.status, theirs.message, theirs.trace_state, theirs.remote)
+            assert ours.start_ns <= ours.end_ns
+        request_span = lean_spans[0]
+        assert request_span.parent_id == int(parent, 16) and request_span.remote
+        assert dict(request_span.attributes) == dict(general_spans[0].attributes) == {
+            "model_name": "peeking", "model_version": "1", "request_id": "lean", "transport": "grpc", "status": "OK"}
+        for phase in lean_spans[1:]:
+            assert phase.parent_id == request_span.span_id
+            assert request_span.start_ns <= phase.start_ns <= phase.end_ns <= request_span.end_ns
+        assert [b.start_ns for b in lean_spans[2:]] == [a.end_ns for a in lean_spans[1:-1]]  # back to back
+        # While the model ran, the request's span and timer were the current ones.
+        context, timer = peeking.seen[0]
+        assert (context.trace_id, context.span_id) == (request_span.trace_id, request_span.span_id)
+        assert timer is not None and timer.request_id == "lean"
+
+        observer.queue.clear()
+        with pytest.raises(ModelFailure):
+            lean(request("failing", {"IN": np.array([1.5], np.float32)}, id="broken"), None)
+        (failed,) = observer.queue
+        spans = observer.spans_of(failed, ids)
+        assert [s.name for s in spans] == ["ModelInfer failing", "compute_input", "queue", "compute_infer"]
+        assert spans[0].status == 2 and "division by zero" in spans[0].message and spans[0].parent_id == 0
+        assert dict(spans[0].attributes)["status"] == "MODEL_FAILURE"
+        assert trace.get_current_span().get_span_context().is_valid is False
+    finally:
+        observer.shutdown()
 
 
 def test_statistics_and_metrics_count_the_lean_way_as_the_general_way() -> None:

@@ -652,6 +652,32 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
     assert sum(count for _, count in posted) == 14  # what was queued left at the stop
 
 
+def test_a_grpc_thread_forgets_the_request_it_served(repository: Path, tmp_path: Path) -> None:
+    """A gRPC thread serves one call after another: what a request made current there (its timer, its trace
+    context) must not be current in the next call. (grpcio runs each call of its thread pool server in a context
+    of its own, and the server relies on it.) With one gRPC thread, a request that fails in decoding, before it is
+    one of the data plane's, comes after a request answered there: its access log line names no request."""
+    server = start_server(repository, tmp_path, "--grpc-threads", "1", "--access-log", "--log-format", "json",
+                          ready=("simple",))
+    try:
+        with server.clients() as (_, stub):
+            first = pb.ModelInferRequest(model_name="simple", id="first")  # typed contents: the general way
+            for name in ("INPUT0", "INPUT1"):
+                first.inputs.add(name=name, datatype="INT32", shape=[1, 16]).contents.int_contents[:] = range(16)
+            stub.ModelInfer(first, timeout=TIMEOUT)
+            second = pb.ModelInferRequest(model_name="simple", id="second")
+            for name in ("INPUT0", "INPUT1"):
+                second.inputs.add(name=name, datatype="INT32", shape=[1, 16]).contents.int_contents[:] = [1, 2, 3]
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(second, timeout=TIMEOUT)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        assert server.stop() == 0, server.log_text()
+    lines = [json.loads(x) for x in server.log_text().splitlines() if x.startswith("{")]
+    access = [x for x in lines if x.get("logger") == "oip.access" and x.get("operation") == "ModelInfer"]
+    assert [(x["status"], x.get("request_id")) for x in access] == [("OK", "first"), ("INVALID_ARGUMENT", None)]
+
+
 def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
     """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: a traceparent changes nothing."""
     receiver, _ = http_receiver

@@ -359,9 +359,10 @@ def _in_thread(
         if pipeline is None or isinstance(request, _Malformed):
             return NOT_HERE
         start, code, sent = time.perf_counter_ns(), "OK", 0
+        trace = carrier(_metadata(context).get) if settings.tracing else None
         if lean is not None and type(request) is request_type:  # the common request: the lean way
             try:
-                reply = lean(request)
+                reply = lean(request, trace)
             except Exception as exc:
                 status, details = _status(exc)
                 code = str(status.name)
@@ -380,8 +381,7 @@ def _in_thread(
         try:
             infer_request = decode_request(message, settings, wire.raw if wire is not None else None)
             infer_request.transport = "grpc"
-            if settings.tracing:
-                infer_request.trace = carrier(_metadata(context).get)
+            infer_request.trace = trace
             reply = encode_wire(pipeline.infer_in_thread(infer_request))
             if observe is not None:
                 sent = _size(reply)

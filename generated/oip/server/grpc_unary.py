@@ -15,8 +15,11 @@ errors, doing only what that request needs:
   raw entry exactly the bytes that shape needs; requested outputs known, not repeated, with no parameters;
 - the model: ready, a plain `infer` that neither batches (`max_batch_size` 0) nor is decoupled (what it takes is
   worked out once per model instance, `_Plan`);
-- the observers: only the statistics extension and the metrics (`statistics.Statistics`, `metrics.Metrics`),
-  which it updates directly (tracing, or any other observer, takes the general way).
+- the observers: only the statistics extension, the metrics and tracing (`statistics.Statistics`,
+  `metrics.Metrics`, `tracing.Tracing`): the statistics and metrics are updated directly; tracing is told that
+  the request started (with the caller's trace context, before the model runs, so the model's own spans are its
+  children) and finished, with the phases' timestamps this way took anyway (any other observer takes the general
+  way).
 
 Any other request takes the general way (`__call__` returns None before anything happened), which answers it
 or refuses it with the usual error. Inputs are numpy views of the received bytes (read-only, as on the general
@@ -46,7 +49,18 @@ from .model import Model, TensorSpec
 from .pipeline import Pipeline, PreparedRequest, call_in_thread, failure, runs_alone
 from .settings import Settings
 from .statistics import Statistics
-from .timing import InferenceRecord, Timer, set_current
+from .timing import (
+    COMPUTE_INFER,
+    COMPUTE_INPUT,
+    COMPUTE_OUTPUT,
+    QUEUE,
+    InferenceRecord,
+    Timer,
+    notify_request,
+    notify_started,
+    set_current,
+)
+from .tracing import Tracing
 from .types import InferRequest, InferResponse
 
 __all__ = ["UnaryInfer"]
@@ -156,20 +170,24 @@ class UnaryInfer:
             self._plans[key] = (model, plan)
         return plan
 
-    def __call__(self, message: Any) -> Any:
+    def __call__(self, message: Any, trace: dict[str, str] | None = None) -> Any:
         """The reply (serialized) to `message`, or None when it takes the general way (nothing happened yet).
-        An error of the request or the model is raised as the data plane's error, after it was counted."""
+        An error of the request or the model is raised as the data plane's error, after it was counted. `trace`:
+        the caller's W3C trace context (`tracing.carrier`), when tracing is on."""
         start = time.perf_counter_ns()
-        if message.parameters or self.settings.tracing:
+        if message.parameters:
             return None
         statistics: Statistics | None = None
         metrics: Metrics | None = None
+        tracing: Tracing | None = None
         for observer in self.pipeline.observers:
             kind = type(observer)
             if kind is Statistics:
                 statistics = observer  # type: ignore[assignment]
             elif kind is Metrics:
                 metrics = observer  # type: ignore[assignment]
+            elif kind is Tracing:
+                tracing = observer  # type: ignore[assignment]
             else:
                 return None
         plan = self._plan(message.model_name, message.model_version)
@@ -183,7 +201,12 @@ class UnaryInfer:
             return None
         model = plan.model
         repository = self.pipeline.repository
-        set_current(Timer(message.id) if message.id else None)
+        timer: Timer | None = None
+        if tracing is not None:
+            timer = Timer(message.id, trace, "grpc")
+            notify_started((tracing,), timer, model.name, model.version)  # the timer is the current one too
+        else:
+            set_current(Timer(message.id) if message.id else None)
         repository.acquire(model)
         try:
             if metrics is not None:
@@ -197,7 +220,7 @@ class UnaryInfer:
                     ended = time.perf_counter_ns()
                 reply = self._reply(plan, message, arrays, wanted, result)
             except BaseException as exc:
-                self._failed(plan, message, start, queued, started, ended, exc)
+                self._failed(plan, message, start, queued, started, ended, exc, timer)
                 raise
         finally:
             repository.release(model)
@@ -209,6 +232,14 @@ class UnaryInfer:
             )
         if metrics is not None:
             metrics.succeeded(plan.labels, done - start)
+        if timer is not None and tracing is not None:
+            marks = ((COMPUTE_INPUT, start, queued), (QUEUE, queued, started), (COMPUTE_INFER, started, ended),
+                     (COMPUTE_OUTPUT, ended, done))
+            offset = timer.start_unix - timer.start
+            notify_request((tracing,), InferenceRecord(
+                model.name, model.version, message.id, 1, None, started - queued, queued - start, ended - started,
+                done - ended, done - start, start + offset, marks, offset, None, timer.state,
+            ))
         return reply
 
     @staticmethod
@@ -282,8 +313,18 @@ class UnaryInfer:
         return self.encode(self.pipeline.finish(plan.model, request, prepared, result, {}))
 
     def _failed(self, plan: _Plan, message: Any, start: int, queued: int, started: int, ended: int,
-                exc: BaseException) -> None:
+                exc: BaseException, timer: Timer | None) -> None:
+        """Report a request that failed once its model was known; the phases it went through (a phase it never
+        reached has no span, as on the general way)."""
         now = time.perf_counter_ns()
+        offset = time.time_ns() - now
+        marks: list[tuple[str, int, int]] = [(COMPUTE_INPUT, start, queued or now)]
+        if queued:
+            marks.append((QUEUE, queued, started or now))
+        if started:
+            marks.append((COMPUTE_INFER, started, ended or now))
+        if ended:
+            marks.append((COMPUTE_OUTPUT, ended, now))
         queued = queued or now
         started = started or now
         ended = ended or now
@@ -291,7 +332,8 @@ class UnaryInfer:
             model=plan.model.name, version=plan.model.version, request_id=message.id, batch_size=1,
             error=failure(exc), queue_ns=started - queued, compute_input_ns=queued - start,
             compute_infer_ns=ended - started, compute_output_ns=now - ended, total_ns=now - start,
-            start_ns=time.time_ns() - (now - start),
+            start_ns=start + offset, marks=tuple(marks), offset_ns=offset,
+            state=timer.state if timer is not None else None,
         )
         self.pipeline.report(record)
 

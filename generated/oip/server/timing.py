@@ -139,6 +139,12 @@ class InferenceRecord:
         return self._spans
 
     @property
+    def marks(self) -> tuple[Sequence[tuple[str, int, int]], int]:
+        """What `spans` is made of, for an observer that makes the spans later elsewhere: the phases as (phase,
+        start, end) on the timer's clock, and the offset that takes that clock to nanoseconds since the epoch."""
+        return self._marks, self._offset
+
+    @property
     def ok(self) -> bool:
         return self.error is None
 

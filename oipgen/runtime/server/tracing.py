@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
-from .timing import InferenceRecord, Observer, Span, Timer, current
+from .timing import InferenceRecord, Observer, Timer, current
 
 __all__ = ["TRACE_HEADERS", "OtlpSpan", "Tracing", "carrier", "configure", "current_ids", "encode", "wrap"]
 
@@ -102,7 +102,8 @@ class _Finished(NamedTuple):
     message: str  # the error's message (clipped), "" for a success
     start_ns: int
     end_ns: int
-    phases: tuple[Span, ...]
+    phases: Sequence[tuple[str, int, int]]  # (phase, start, end) on the timer's clock (`InferenceRecord.marks`)
+    offset: int  # that clock + offset = nanoseconds since the epoch
 
 
 class OtlpSpan(NamedTuple):
@@ -177,6 +178,24 @@ _NAMES: Final = _Cache(lambda name: _field(b"\x2a", name.encode()))  # Span.name
 _STATES: Final = _Cache(lambda state: _field(b"\x1a", state.encode()) if state else b"")  # Span.trace_state (3)
 _PHASES: Final = _Cache(lambda name: _field(b"\x2a", name.encode()) + _KIND_INTERNAL)  # a phase's name and kind
 _PHASE_TAIL: Final = _STATUS_UNSET + _FLAGS_LOCAL
+
+
+def _request_tail(key: tuple[str, str, str, bool]) -> bytes:
+    """A request span's fields after its request id: its transport and status attributes, status, flags."""
+    transport, status, message, remote = key
+    out = _ATTRIBUTES["transport", transport] if transport else b""
+    out += _ATTRIBUTES["status", status]
+    if status == "OK" and not message:
+        out += _STATUS_OK
+    else:
+        code = 1 if status == "OK" else 2
+        out += _field(b"\x7a", (_field(b"\x12", message.encode()) if message else b"") + b"\x18" + _varint(code))
+    return out + (_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
+
+
+_REQUEST_NAMES: Final = _Cache(lambda model: _field(b"\x2a", f"ModelInfer {model}".encode()) + _KIND_SERVER)
+_MODEL_ATTRIBUTES: Final = _Cache(lambda key: _ATTRIBUTES["model_name", key[0]] + _ATTRIBUTES["model_version", key[1]])
+_REQUEST_TAILS: Final = _Cache(_request_tail)
 
 
 def _span(span: OtlpSpan) -> bytes:
@@ -300,6 +319,7 @@ class Tracing(Observer):
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
         context, trace, server, span_context, flags, non_recording = self._api
+        previous = context.get_current()  # what the sampler sees without a caller's context, and what comes back
         parent = self.propagator.extract(timer.trace) if timer.trace else None
         parent_context = trace.get_current_span(parent).get_span_context() if parent is not None else None
         if parent_context is not None and parent_context.is_valid:
@@ -309,14 +329,13 @@ class Tracing(Observer):
             trace_id, parent_id, remote, random_flag = self.ids.generate_trace_id(), 0, False, self._random_flag
         name = f"ModelInfer {model}"
         result = self.sampler.should_sample(
-            parent, trace_id, name, server, {"model_name": model, "model_version": version,
-                                             "request_id": timer.request_id})
+            parent if parent is not None else previous, trace_id, name, server,
+            {"model_name": model, "model_version": version, "request_id": timer.request_id})
         sampled = result.decision.is_sampled()
         span_id = self.ids.generate_span_id()
         # The request's span context is the current one while it runs: a model's own spans are its children.
         own = span_context(trace_id, span_id, False, flags((1 if sampled else 0) | random_flag), result.trace_state)
-        previous = context.get_current()
-        context.attach(trace.set_span_in_context(non_recording(own)))
+        context.attach(trace.set_span_in_context(non_recording(own), previous))
         timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, result.trace_state, previous)
 
     def request_finished(self, record: InferenceRecord) -> None:
@@ -333,12 +352,16 @@ class Tracing(Observer):
             return
         error = record.error
         status, message = ("OK", "") if error is None else (error.kind.name, error.message[:200])
+        marks, offset = record.marks  # made into spans by the background thread
         self.queue.append(_Finished(
             traced, record.model, record.version, record.request_id, record.state.get("transport", ""), status,
-            message, record.start_ns, record.start_ns + record.total_ns, record.spans,
+            message, record.start_ns, record.start_ns + record.total_ns, marks, offset,
         ))
         if len(self.queue) >= self.batch_size:
             self._wake.set()
+
+    def request_ran_alone(self, record: InferenceRecord) -> None:
+        self.request_finished(record)  # a model run is nothing to trace
 
     # --- the background thread --------------------------------------------------------------------------------------
 
@@ -357,24 +380,38 @@ class Tracing(Observer):
             f"ModelInfer {finished.model}", True, finished.start_ns, finished.end_ns, tuple(attributes),
             1 if finished.status == "OK" else 2, finished.message,
         )]
-        for phase in finished.phases:
-            spans.append(OtlpSpan(traced.trace_id, next(ids), traced.span_id, False, state_text, phase.phase, False,
-                                  phase.start_ns, phase.end_ns, (), 0, ""))
+        offset = finished.offset
+        for phase, start, end in finished.phases:
+            spans.append(OtlpSpan(traced.trace_id, next(ids), traced.span_id, False, state_text, phase, False,
+                                  start + offset, end + offset, (), 0, ""))
         return spans
 
     def encoded(self, finished: _Finished, ids: Iterator[int]) -> bytes:
-        """`encode` of `spans_of(finished, ids)` without the whole's ScopeSpans envelope: the phases, which differ
-        only in ids, name and times, are written from their common parts (a third of the cost of `_span` each)."""
+        """`encode` of `spans_of(finished, ids)` without the whole's ScopeSpans envelope, written from parts that
+        repeat: the request's span from its model's, its outcome's and its ids' parts, the phases, which differ
+        only in ids, name and times, from their common parts (a third of the cost of `_span` each)."""
         traced = finished.traced
-        request, *_ = self.spans_of(finished._replace(phases=()), ids)
-        out = [_span(request)]
+        state = traced.trace_state
+        state_field = _STATES[",".join(f"{key}={value}" for key, value in state.items()) if state else ""]
         common = b"\x0a\x10" + traced.trace_id.to_bytes(16, "big") + b"\x12\x08"
-        parent = _STATES[request.trace_state] + b"\x22\x08" + traced.span_id.to_bytes(8, "big")
-        pack, phases = _TIMES.pack, _PHASES
-        for phase in finished.phases:
-            body = (common + next(ids).to_bytes(8, "big") + parent + phases[phase.phase]
-                    + pack(0x39, phase.start_ns, 0x41, phase.end_ns) + _PHASE_TAIL)
-            out.append(b"\x12" + _varint(len(body)) + body)
+        span_id = traced.span_id.to_bytes(8, "big")
+        body = common + span_id + state_field
+        if traced.parent_id:
+            body += b"\x22\x08" + traced.parent_id.to_bytes(8, "big")
+        pack = _TIMES.pack
+        body += (_REQUEST_NAMES[finished.model] + pack(0x39, finished.start_ns, 0x41, finished.end_ns)
+                 + _MODEL_ATTRIBUTES[finished.model, finished.version]
+                 + _attribute(("request_id", finished.request_id))
+                 + _REQUEST_TAILS[finished.transport, finished.status, finished.message, traced.remote])
+        out = [b"\x12", _varint(len(body)), body]
+        # A phase: its length and ids up to its own span id, its span id, its parent and name, its times, its tail.
+        parent = state_field + b"\x22\x08" + span_id
+        names, offset = _PHASES, finished.offset
+        size = len(common) + 8 + len(parent) + _TIMES.size + len(_PHASE_TAIL)
+        for phase, start, end in finished.phases:
+            name = names[phase]
+            out += (b"\x12", _varint(size + len(name)), common, next(ids).to_bytes(8, "big"), parent, name,
+                    pack(0x39, start + offset, 0x41, end + offset), _PHASE_TAIL)
         return b"".join(out)
 
     def _run(self) -> None:
