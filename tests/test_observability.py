@@ -678,6 +678,50 @@ def test_a_grpc_thread_forgets_the_request_it_served(repository: Path, tmp_path:
     assert [(x["status"], x.get("request_id")) for x in access] == [("OK", "first"), ("INVALID_ARGUMENT", None)]
 
 
+@pytest.mark.parametrize("name", ["always_on", "always_off", "parentbased_always_on", "parentbased_always_off",
+                                  "parentbased_traceidratio"])
+def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> None:
+    """A sampler whose decision depends on the parent's flags only is not asked per request: what the request's
+    span gets (sampled or not, trace state) is what the sampler answers, for a root, a remote parent sampled or
+    not (with a trace state), and a local parent sampled or not; any other sampler is asked."""
+    from oip.server import tracing
+    from oip.server.timing import Timer
+    from opentelemetry import context, trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import _KNOWN_SAMPLERS
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    sampler = _KNOWN_SAMPLERS[name] if name != "parentbased_traceidratio" else _KNOWN_SAMPLERS[name](0.0)
+    observer = tracing.Tracing(TracerProvider(sampler=sampler), None, InstrumentationScope("oip.server"),
+                               lambda *sent: None)
+    try:
+        assert (observer.fixed is None) == (name == "parentbased_traceidratio")
+        state = "vendor=a,other=b"
+        remote = [{"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-{flags}", "tracestate": state}
+                  for flags in ("01", "00")]
+        local = [trace.SpanContext(int(secrets.token_hex(16), 16), int(secrets.token_hex(8), 16), False,
+                                   trace.TraceFlags(flags)) for flags in (1, 0)]
+        for caller, current in [(None, None), *((c, None) for c in remote), *((None, c) for c in local)]:
+            token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(current))) if current else None
+            try:
+                parent = observer.propagator.extract(caller) if caller else context.get_current()
+                expected = sampler.should_sample(parent, 1, "ModelInfer simple", trace.SpanKind.SERVER, {})
+                timer = Timer("id", caller, "grpc")
+                observer.request_started(timer, "simple", "1")
+                traced = timer.state["otel"]
+                assert traced.sampled == expected.decision.is_sampled(), (caller, current)
+                assert traced.trace_state == expected.trace_state, (caller, current)
+                assert bool(traced.trace_state) == (caller is not None), caller  # the caller's tracestate
+                span = trace.get_current_span().get_span_context()
+                assert (span.span_id, span.trace_flags.sampled) == (traced.span_id, traced.sampled)
+                observer.request_finished(timer.record("simple", "1", 1))
+            finally:
+                if token is not None:
+                    context.detach(token)
+    finally:
+        observer.shutdown()
+
+
 def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
     """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: a traceparent changes nothing."""
     receiver, _ = http_receiver

@@ -26,13 +26,14 @@ How the spans are made, and why not with the SDK's `Span` objects: an SDK span p
 cost about three times the server's own work per request (measured: ~170 us for the five spans, ~140 us to encode
 them, against ~200 us of server CPU for a whole REST inference). So the request path only does what must happen
 then: the caller's context is extracted (the SDK's W3C propagator), the SDK's configured sampler decides once per
-request, the SDK's id generator gives the span id, and the request's span context is made current (the API's
-context). When the request finishes, its outcome and the timer's phase timestamps are queued as plain values. A
-background thread gives the children their ids, writes the spans' OTLP protobuf encoding (`encode`) and hands
-the batch to the standard OTLP exporter's transport (retries, headers, compression, TLS are the exporter's). The
-encoding is written here because building the opentelemetry-proto messages still costs ~35 us per request; it is
-byte for byte what the SDK's encoder writes for the same spans (a test compares the two, `readable_spans`).
-Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
+request (a sampler that only follows the parent's flags, as `always_on` and `parentbased_always_on` do, is not
+asked: its decision for each kind of parent is read once, `fixed_decisions`), the SDK's id generator gives the span
+id, and the request's span context is made current (the API's context). When the request finishes, its outcome and
+the timer's phase timestamps are queued as plain values. A background thread gives the children their ids, writes
+the spans' OTLP protobuf encoding (`encode`) and hands the batch to the standard OTLP exporter's transport (retries,
+headers, compression, TLS are the exporter's). The encoding is written here because building the opentelemetry-proto
+messages still costs ~35 us per request; it is byte for byte what the SDK's encoder writes for the same spans (a
+test compares the two, `readable_spans`). Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from typing import Any, Final, NamedTuple
 
 from .timing import InferenceRecord, Observer, Timer, current
 
-__all__ = ["TRACE_HEADERS", "OtlpSpan", "Tracing", "carrier", "configure", "current_ids", "encode", "wrap"]
+__all__ = [
+    "TRACE_HEADERS", "OtlpSpan", "Tracing", "carrier", "configure", "current_ids", "encode", "fixed_decisions", "wrap",
+]
 
 log = logging.getLogger(__name__)
 
@@ -299,10 +302,11 @@ class Tracing(Observer):
         self.sampler = provider.sampler
         self.ids = provider.id_generator
         self.propagator = TraceContextTextMapPropagator()
-        self._api = (context, trace, trace.SpanKind.SERVER, trace.SpanContext, trace.TraceFlags,
-                     trace.NonRecordingSpan)
         random_flag = getattr(trace.TraceFlags, "RANDOM_TRACE_ID", 0)
         self._random_flag = random_flag if random_flag and provider.id_generator.is_trace_id_random() else 0
+        flags = {bits: trace.TraceFlags(bits) for bits in {0, 1, self._random_flag, 1 | self._random_flag}}
+        self._api = (context, trace, trace.SpanKind.SERVER, trace.SpanContext, flags, trace.NonRecordingSpan)
+        self.fixed = fixed_decisions(self.sampler)
         # The OTLP exporter's transport, taking an encoded export request and its span count; None: the exporter
         # takes ReadableSpans.
         self.post = post
@@ -332,15 +336,24 @@ class Tracing(Observer):
         else:
             trace_id, parent_id, remote, random_flag = self.ids.generate_trace_id(), 0, False, self._random_flag
         name = f"ModelInfer {model}"
-        result = self.sampler.should_sample(
-            parent if parent is not None else previous, trace_id, name, server,
-            {"model_name": model, "model_version": version, "request_id": timer.request_id})
-        sampled = result.decision.is_sampled()
+        fixed = self.fixed
+        if fixed is None:
+            result = self.sampler.should_sample(
+                parent if parent is not None else previous, trace_id, name, server,
+                {"model_name": model, "model_version": version, "request_id": timer.request_id})
+            sampled, trace_state = result.decision.is_sampled(), result.trace_state
+        else:  # the sampler's answer without asking it: its decision for this kind of parent, the parent's state
+            seen = parent_context if parent is not None else trace.get_current_span(previous).get_span_context()
+            if seen is not None and seen.is_valid:
+                sampled = fixed[(1 if seen.is_remote else 3) + (0 if seen.trace_flags.sampled else 1)]
+                trace_state = seen.trace_state
+            else:
+                sampled, trace_state = fixed[0], None
         span_id = self.ids.generate_span_id()
         # The request's span context is the current one while it runs: a model's own spans are its children.
-        own = span_context(trace_id, span_id, False, flags((1 if sampled else 0) | random_flag), result.trace_state)
+        own = span_context(trace_id, span_id, False, flags[(1 if sampled else 0) | random_flag], trace_state)
         context.attach(trace.set_span_in_context(non_recording(own), previous))
-        timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, result.trace_state, previous)
+        timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, trace_state, previous)
 
     def request_finished(self, record: InferenceRecord) -> None:
         traced: _Traced | None = record.state.get(_STATE)
@@ -361,7 +374,7 @@ class Tracing(Observer):
             traced, record.model, record.version, record.request_id, record.state.get("transport", ""), status,
             message, record.start_ns, record.start_ns + record.total_ns, marks, offset,
         ))
-        if len(self.queue) >= self.batch_size:
+        if len(self.queue) >= self.batch_size and not self._wake.is_set():
             self._wake.set()
 
     def request_ran_alone(self, record: InferenceRecord) -> None:
@@ -457,6 +470,28 @@ class Tracing(Observer):
             self.provider.shutdown()  # the SDK's processor of models' own spans, and the exporter
         except Exception:
             log.exception("the trace exporter failed to flush")
+
+
+def fixed_decisions(sampler: Any) -> tuple[bool, bool, bool, bool, bool] | None:
+    """What a sampler that looks at the parent's flags only decides (the SDK's `always_on`, `always_off`, and
+    `parentbased_*` of those, whose trace state is the parent's): for a root, a remote sampled parent, a remote
+    unsampled one, a local sampled one, a local unsampled one. None for any other sampler: it is asked each time."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
+
+    def fixed(one: Any) -> bool | None:
+        decision: Any = getattr(one, "_decision", None) if type(one) is StaticSampler else None
+        return None if decision is None else bool(decision.is_sampled())
+
+    if type(sampler) is StaticSampler:
+        return (bool(fixed(sampler)),) * 5
+    if type(sampler) is ParentBased:
+        decisions = [fixed(getattr(sampler, name, None)) for name in (
+            "_root", "_remote_parent_sampled", "_remote_parent_not_sampled", "_local_parent_sampled",
+            "_local_parent_not_sampled")]
+        if None not in decisions:
+            return (bool(decisions[0]), bool(decisions[1]), bool(decisions[2]), bool(decisions[3]),
+                    bool(decisions[4]))
+    return None
 
 
 def _env_number(name: str, default: float) -> float:
