@@ -13,8 +13,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import mmap
 import os
+import shutil
+import subprocess
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ from typing import Any
 
 import grpc
 import httpx
+import jsonschema
 import numpy as np
 import pytest
 from oip.grpc import grpc_service_pb2 as pb
@@ -166,6 +170,42 @@ def test_any_name_without_control_characters_is_a_region_name(http: httpx.Client
     name = "r\U000fc072\u00e2\U000e250e"
     got = assert_error_body(_register_named(http, name, PREFIX + "a/b"), 400)
     assert "no other '/'" in got and "region name" not in got, got
+
+
+# Names at the edges of the rule: control characters (C0, DEL, C1) anywhere, a final newline (which Python's `$`
+# admits), "/", the length bound, and characters next to the refused ranges.
+_NAMES = ["r", "a\n", "\n", "a\nb", "\x85", "c1\x9f", "\x7f", "~\xa0", "\x1f", "a/b", " ", "%0A", "x" * 255, "x" * 256,
+          "\U000fc072", "\u2028"]
+
+
+def test_the_documented_name_is_exactly_the_accepted_name(http: httpx.Client) -> None:
+    """The published schema of a region name, read with Python's `re` (jsonschema) and, where node is installed,
+    with ECMA-262, admits exactly the names the server accepts in the path of register (and of unregister)."""
+    document = http.get("/openapi.json").json()
+    operation = document["paths"]["/v2/systemsharedmemory/region/{region_name}/register"]["post"]
+    schema = next(p["schema"] for p in operation["parameters"] if p["name"] == "region_name")
+    python = [jsonschema.Draft202012Validator(schema).is_valid(name) for name in _NAMES]
+    accepted = []
+    for name in _NAMES:
+        got = _register_named(http, name, PREFIX + "a/b")  # a name the server takes gets to the key, refused
+        assert got.status_code in (400, 404), got.text
+        accepted.append(got.status_code == 400 and "no other '/'" in got.json()["error"])
+    assert python == accepted, list(zip(_NAMES, python, accepted, strict=True))
+    # unregister takes the same names: an unknown one is no error (as in Triton), one no region can have is
+    unregistered = [http.post(f"/v2/systemsharedmemory/region/{urllib.parse.quote(name, safe='')}/unregister")
+                    .status_code == 200 for name in _NAMES]
+    assert unregistered == accepted, list(zip(_NAMES, unregistered, accepted, strict=True))
+    assert accepted.count(True) == 7, list(zip(_NAMES, accepted, strict=True))
+    node = shutil.which("node")
+    if node is not None:
+        script = ("const s = JSON.parse(process.argv[1]); const names = JSON.parse(process.argv[2]);"
+                  "const ok = n => n.length >= s.minLength && [...n].length <= s.maxLength"
+                  " && s.allOf.every(a => !new RegExp(a.not.pattern, 'u').test(n));"
+                  "console.log(JSON.stringify(names.map(ok)));")
+        assert set(schema) == {"type", "minLength", "maxLength", "allOf"}  # what the script reads
+        done = subprocess.run([node, "-e", script, json.dumps(schema), json.dumps(_NAMES)], capture_output=True,
+                              text=True, check=True, timeout=30)
+        assert json.loads(done.stdout) == accepted, done.stdout
 
 
 def _register_named(http: httpx.Client, name: str, key: str) -> httpx.Response:

@@ -519,9 +519,16 @@ class SystemSharedMemoryRegisterRequest(OipModel):
         ),
     ]
     offset: Annotated[
-        int | None, Field(description='Start of the region inside that object, in bytes (default 0).', ge=0)
+        int | None,
+        Field(
+            description='Start of the region inside that object, in bytes (default 0; a uint64).',
+            ge=0,
+            le=18446744073709551615,
+        ),
     ] = None
-    byte_size: Annotated[int, Field(description='Size of the region, in bytes.', ge=1)]
+    byte_size: Annotated[
+        int, Field(description='Size of the region, in bytes (a uint64).', ge=1, le=18446744073709551615)
+    ]
 
 
 class CudaSharedMemoryRegionStatus(OipModel):
@@ -545,8 +552,12 @@ class Base64Bytes(OipModel):
 
 class CudaSharedMemoryRegisterRequest(OipModel):
     raw_handle: Annotated[Base64Bytes, Field(description='The serialised CUDA IPC memory handle.')]
-    device_id: Annotated[int, Field(description='GPU on which the handle was created.', ge=0)]
-    byte_size: Annotated[int, Field(description='Size of the region, in bytes.', ge=0)]
+    device_id: Annotated[
+        int, Field(description='GPU on which the handle was created (an int64).', ge=0, le=9223372036854775807)
+    ]
+    byte_size: Annotated[
+        int, Field(description='Size of the region, in bytes (a uint64).', ge=0, le=18446744073709551615)
+    ]
 
 
 TensorData = TypeAliasType(

@@ -54,7 +54,8 @@ def model_document(
     (version, metadata) of `models` (version "": the one the server picks), the inference paths of `base` made
     concrete for that model (and version), whose request and answer schemas narrow the spec's to the model's
     tensors: names, datatypes, shapes (-1: any size), element counts and ranges, and one tag per model; every
-    status and header as `base` has it. `base` itself is never changed; with no models it is returned.
+    status and header as `base` has it. The templated inference paths of `base` then name only the models that are
+    not served (`_elsewhere`). `base` itself is never changed; with no models it is returned.
 
     The last document is kept and returned again (the same object: read it, do not change it) while the base and
     the models' metadata are the same, so that asking again costs no more than comparing the metadata."""
@@ -93,8 +94,31 @@ def model_document(
         if tag not in tagged:
             tagged.add(tag)
             tags.append({"name": tag, "description": _about(metadata, "")})
+    served = sorted({metadata.name for _, metadata in given})
+    for path, method, model_var, _, _, _ in INFER_ENDPOINTS:
+        spec_operation = paths.get(path, {}).get(method)
+        if model_var and isinstance(spec_operation, dict):
+            paths[path] = {**paths[path], method: _elsewhere(spec_operation, model_var, served)}
     _LAST[:] = [(base, made_from, doc)]
     return doc
+
+
+def _elsewhere(base: Mapping[str, Any], model_var: str, served: list[str]) -> dict[str, Any]:
+    """The spec's templated inference operation `base` beside the served models' own: a concrete path matches
+    before a templated one (OpenAPI), so the templated operation only ever serves the names in `model_var` that are
+    not among `served` (an unknown model: 404), and its path parameter says so."""
+    operation = copy.deepcopy(dict(base))
+    parameters = operation["parameters"] = [copy.deepcopy(_resolve(p)) for p in operation.get("parameters", [])]
+    for parameter in parameters:
+        if parameter.get("in") == "path" and parameter.get("name") == model_var:
+            schema = parameter["schema"] = dict(parameter.get("schema", {}))
+            schema["not"] = {"enum": served}
+            about = parameter.get("description")
+            parameter["description"] = (
+                "Any model but those served with an operation of their own (`/v2/models/<name>/...`), which a "
+                "concrete path answers first." + (f" {about}" if about else "")
+            )
+    return operation
 
 
 def _key(text: str) -> str:

@@ -576,15 +576,21 @@ async def _close(answers: AsyncIterator[Any]) -> None:
 
 def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoint) -> Handler:
     call: Callable[[InferRequest], Awaitable[InferResponse]] = getattr(dataplane, endpoint.operation)
+    repository = getattr(dataplane, "repository", None)
+    models = repository if isinstance(repository, ModelRepository) else None
 
     async def handle(request: Request) -> Response:
         request.scope["oip_operation"] = endpoint.operation
         try:
             raw = await _read_body(request, settings.max_request_bytes)
+            fields = {field: request.path_params[name] for name, field in endpoint.params}
+            if models is not None:
+                # The model the path names first (404 unknown, 503 not ready), whatever the body: the body's
+                # meaning depends on the model.
+                models.get(fields.get("model_name", ""), fields.get("model_version", ""))
             header_length = request.headers.get(framing.HEADER_LENGTH)
             if header_length is not None and not binary_enabled(settings):
                 raise Unimplemented(_NO_BINARY)
-            fields = {field: request.path_params[name] for name, field in endpoint.params}
             if header_length is not None and header_length.strip() == "0":
                 # The whole body is the data of the model's single input (the data plane gives it the input's
                 # declared shape); every output comes back binary.

@@ -369,8 +369,10 @@ class SharedMemory:
 
     def unregister(self, name: str = "") -> None:
         """Unregister the region `name`, or every region when `name` is empty. An unknown name is no error
-        (as in Triton)."""
+        (as in Triton); a name that no region can have is (InvalidRequest, as register says)."""
         self._require()
+        if name:
+            _check_region_name(name)
         names = [name] if name else list(self.regions)
         for item in names:
             region = self.regions.pop(item, None)
