@@ -4,9 +4,10 @@ The supervisor reserves the REST and gRPC ports (a port of 0 becomes a free one)
 workers' control sockets (`cluster.py`) and starts N workers, each a full server (data plane, models, both
 transports) listening with SO_REUSEPORT, so the kernel spreads connections over them. It reports ready (the
 ports file, the log line) only once every worker is serving. A worker that dies is logged and started again; the
-new one copies the others' control-plane state before it listens. SIGTERM or SIGINT is passed on to every worker
-as SIGTERM: each drains its requests in flight, and the supervisor exits 0 when all did. A second signal kills
-the workers at once. If the supervisor itself is killed, the workers get SIGTERM (Linux' parent-death signal).
+new one copies the others' control-plane state before it listens, and the ports file names it once it does.
+SIGTERM or SIGINT is passed on to every worker as SIGTERM: each drains its requests in flight, and the supervisor
+exits 0 when all did. A second signal kills the workers at once. If the supervisor itself is killed, the workers
+get SIGTERM (Linux' parent-death signal).
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ class _Supervisor:
                     return 1
             self.write_ports_file(http, grpc)
             log.info("serving with %d workers (REST port %s, gRPC port %s)", self.count, http, grpc)
+            starting: set[int] = set()  # restarted, not yet listening: the ports file names them once they listen
             while not self.signals:
                 for index in self.wait(_POLL):
                     if self.signals:
@@ -214,6 +216,11 @@ class _Supervisor:
                     if not self.restart(index):
                         self.stop()
                         return 1
+                    starting.add(index)
+                if starting and all(self.ready_file(i).exists() for i in starting):
+                    for index in sorted(starting):
+                        log.info("worker %d (pid %s) is serving", index, self.workers[index].pid)
+                    starting.clear()
                     self.write_ports_file(http, grpc)
             return 0 if self.stop() else 1
         finally:
