@@ -54,7 +54,7 @@ def size_of(chunk: bytes | memoryview) -> int:
     return chunk.nbytes if isinstance(chunk, memoryview) else len(chunk)
 
 
-def split(body: bytes, header_length: str | None) -> tuple[bytes | memoryview, memoryview | None]:
+def split(body: bytes | memoryview, header_length: str | None) -> tuple[bytes | memoryview, memoryview | None]:
     """The JSON part of `body` and its binary part (None without an `Inference-Header-Content-Length`)."""
     if header_length is None:
         return body, None
@@ -107,4 +107,9 @@ def join(header: bytes, chunks: Sequence[bytes | memoryview]) -> tuple[bytes, di
     `Inference-Header-Content-Length` when there is binary data)."""
     if not chunks:
         return header, {"Content-Type": JSON_TYPE}
-    return b"".join([header, *chunks]), {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(header))}
+    return b"".join([header, *chunks]), headers(header)
+
+
+def headers(header: bytes) -> dict[str, str]:
+    """The headers of a body of the JSON `header` followed by binary data."""
+    return {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(header))}

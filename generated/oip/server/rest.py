@@ -36,7 +36,7 @@ import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -153,8 +153,12 @@ class OipApp(FastAPI):
                         status = response.status_code
                         await send({"type": "http.response.start", "status": status,
                                     "headers": response.raw_headers})
-                        await send({"type": "http.response.body", "body": response.body})
-                        sent = len(response.body)
+                        if type(response) is BinaryParts:
+                            await response.send_parts(send)
+                            sent = response.size
+                        else:
+                            await send({"type": "http.response.body", "body": response.body})
+                            sent = len(response.body)
                     finally:
                         if observe is not None:
                             observe(scope, status, sent, start)
@@ -356,9 +360,16 @@ def _error_response(exc: BaseException, settings: Settings) -> Response:
 # --- bodies ---------------------------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole request body, refused (413) as soon as it is known to exceed `limit` bytes."""
+@overload
+async def _read_body(request: Request, limit: int) -> bytes: ...
+@overload
+async def _read_body(request: Request, limit: int, *, view: Literal[True]) -> bytes | memoryview: ...
+async def _read_body(request: Request, limit: int, *, view: bool = False) -> bytes | memoryview:
+    """The whole request body, refused (413) as soon as it is known to exceed `limit` bytes. With `view`, a large
+    uncompressed body of a declared size is received into one buffer of that size as it arrives, and returned as a
+    read-only view of it: the body is held once, never as its pieces and their concatenation at the same time."""
     declared = request.headers.get("content-length")
+    size = None
     if declared is not None:
         try:
             size = int(declared)
@@ -366,6 +377,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise InvalidRequest(f"invalid Content-Length {declared!r}") from None
         if size > limit:
             raise TooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    identity = encoding in ("", "identity")
+    buffer = bytearray(size) if view and identity and size is not None and size >= _ONE_BUFFER_FROM else None
     chunks: list[bytes] = []
     total = 0
     receive = request.receive  # the ASGI messages themselves: Request.stream's generator costs more per request
@@ -376,19 +390,27 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise InvalidRequest("the connection closed before the request body arrived")
         chunk = message.get("body", b"")
         if chunk:
-            total += len(chunk)
-            if total > limit:
+            end = total + len(chunk)
+            if end > limit or (buffer is not None and end > len(buffer)):
                 raise TooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+            if buffer is not None:
+                buffer[total:end] = chunk
+            else:
+                chunks.append(chunk)
+            total = end
         if not message.get("more_body", False):
             break
+    if buffer is not None:
+        return memoryview(buffer).toreadonly()[:total]
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
+    if identity:
         return body
     if encoding in ("gzip", "deflate"):
         return await asyncio.to_thread(_inflate, body, encoding, limit)  # off the loop: it can take a while
     raise InvalidRequest(f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or identity")
+
+
+_ONE_BUFFER_FROM: Final = 1 << 16  # declared body bytes from which `_read_body(view=True)` fills one buffer
 
 
 # Inflating a compressed body: in chunks of _INFLATE_CHUNK, keeping at most _INFLATE_KEEP inflated bytes while the
@@ -586,7 +608,7 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
     async def handle(request: Request) -> Response:
         request.scope["oip_operation"] = endpoint.operation
         try:
-            raw = await _read_body(request, settings.max_request_bytes)
+            raw = await _read_body(request, settings.max_request_bytes, view=True)
             fields = {field: request.path_params[name] for name, field in endpoint.params}
             if models is not None:
                 # The model the path names first (404 unknown, 503 not ready), whatever the body: the body's
@@ -679,7 +701,7 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool | None:
 
 
 def decode_infer_request(
-    raw: bytes, header_length: str | None, settings: Settings
+    raw: bytes | memoryview, header_length: str | None, settings: Settings
 ) -> tuple[InferRequest, dict[str, bool], bool]:
     """Decode an inference body: JSON, or a JSON header followed by binary tensor data.
 
@@ -810,8 +832,33 @@ def encode_infer_response(response: InferResponse, listed: Mapping[str, bool], d
         header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         raise ModelFailure(f"the model's response cannot be written as JSON: {exc}") from None
+    if sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
+        return BinaryParts(header, chunks)
     content, headers = framing.join(header, chunks)
     return Response(content, headers=headers)
+
+
+_PARTS_FROM: Final = 1 << 16  # binary output bytes from which an answer is sent as its parts, not one body
+
+
+class BinaryParts(Response):
+    """A binary inference answer written as its parts: the JSON header, then each output's bytes as the data plane
+    gave them (views of the model's arrays where possible), so the tensor data is never copied into one body.
+    Below _PARTS_FROM bytes, one body costs less than a message per part."""
+
+    def __init__(self, header: bytes, chunks: list[bytes | memoryview]) -> None:
+        self.parts = [header, *chunks]
+        self.size = sum(framing.size_of(part) for part in self.parts)
+        super().__init__(None, headers={**framing.headers(header), "Content-Length": str(self.size)})
+
+    async def send_parts(self, send: Send) -> None:
+        last = len(self.parts) - 1
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await self.send_parts(send)
 
 
 def _raw_data(tensor: Tensor) -> bytes | memoryview:
