@@ -25,6 +25,7 @@ METRICS = (
     "client_maxrss_mib",
     "log_bytes_per_request",
     "idle_pss_mib",
+    "rest_rss_mib",
 )
 TITLES = {
     "simple_rest_c1": "simple REST JSON c=1",
@@ -185,8 +186,8 @@ def targets(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str
     ours, tr = rate(OURS, "simple_grpc_c8"), rate(REFERENCE, "simple_grpc_c8")
     check("simple gRPC c=8: >= Triton's infer/s", ours, tr,
           f"{_num(ours)} vs {_num(tr)} infer/s = {_ratio(ours, tr)}")  # fmt: skip
-    idle = get(summary, OURS, "startup", "idle_rss_mib", tool="harness")  # at rest, before any inference
     for scenario in ("identity_rest_binary", "identity_grpc_raw"):
+        idle = _at_rest(summary, OURS, scenario)
         peak = get(summary, OURS, scenario, "peak_rss_mib")
         payload = get(summary, OURS, scenario, "payload_bytes")
         bound = idle + 4 * payload / 2**20 if idle is not None and payload else None
@@ -252,6 +253,13 @@ def _against_reference(document: dict[str, Any], summary: dict[str, Any]) -> lis
     return lines
 
 
+def _at_rest(summary: dict[str, Any], server: str, scenario: str) -> float | None:
+    """The RSS at rest (before any inference) of the server `scenario` ran on: a large-payload scenario runs on a
+    server started for it (bench/run.py), so that its peak is its own."""
+    rest = get(summary, server, scenario, "rest_rss_mib")
+    return rest if rest is not None else get(summary, server, "startup", "idle_rss_mib", "harness")
+
+
 def _memory(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     meta = document["meta"]
     large = [s for s in ("identity_grpc_raw", "identity_rest_binary", "identity_rest_json") if s in meta["scenarios"]]
@@ -262,7 +270,9 @@ def _memory(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         "",
         "At rest: the server's whole process tree once ready and settled, before any inference (PSS counts shared "
         "pages once: the fair figure across processes). Peak: the tree's highest RSS during the scenario's "
-        "warm-up and window (VmHWM after a reset), and in brackets its growth over the RSS at rest.",
+        "warm-up and window (VmHWM after a reset), and in brackets its growth over the RSS at rest of the server it "
+        "ran on (each of these scenarios runs on a server started for it, so that what an earlier scenario left "
+        "resident is not counted as its own).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -276,7 +286,8 @@ def _memory(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         ]
         for scenario in large:
             peak = get(summary, server, scenario, "peak_rss_mib")
-            row.append("-" if peak is None else f"{_num(peak)} MiB (+{_num(peak - idle if idle else None)})")
+            rest = _at_rest(summary, server, scenario)
+            row.append("-" if peak is None else f"{_num(peak)} MiB (+{_num(peak - rest if rest else None)})")
         lines.append("| " + " | ".join(row) + " |")
     return [*lines, ""]
 

@@ -4,7 +4,8 @@ Each server serves `simple` (INT32 [1,16] x2 -> sum, difference) and `identity_f
 on CPU 0; the load generator (bench/loadgen.py) runs on CPU 1, as does perf_analyzer where the server has what it
 needs (Triton's model configuration and statistics extensions: Triton and oipgen). Per repeat, every server is
 started (start-up time to ready, then its memory at rest before any inference), measured on every scenario, and
-stopped; the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures
+stopped (the large-payload scenarios each run on a server started for them, so that each one's peak memory is its
+own); the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures
 are medians over the repeats. With every measurement go the load average, the bytes the server logged, and, where
 the server has the statistics extension, the inferences it says it completed (a check on the load generators'
 counts); with the run, the git commit and the versions of every server and load generator. Outputs (in --out,
@@ -51,6 +52,9 @@ class Scenario:
     concurrency: int
     title: str
     long: bool = False  # a slow scenario: twice the window
+    # Measured on a server started for it (unless it is the first on this server): its peak memory is then its
+    # own, not what an earlier scenario's payloads left resident in the server's allocator.
+    fresh: bool = False
 
 
 SCENARIOS = (
@@ -58,10 +62,9 @@ SCENARIOS = (
     Scenario("simple_rest_c8", "simple_rest", 8, "simple REST JSON c=8"),
     Scenario("simple_grpc_c1", "simple_grpc", 1, "simple gRPC c=1"),
     Scenario("simple_grpc_c8", "simple_grpc", 8, "simple gRPC c=8"),
-    # Binary paths first: their idle footprint is then the server's, not what a 19 MB JSON body left behind.
-    Scenario("identity_grpc_raw", "identity_grpc_raw", 1, "identity 1M FP32 gRPC raw c=1"),
-    Scenario("identity_rest_binary", "identity_rest_binary", 1, "identity 1M FP32 REST binary c=1"),
-    Scenario("identity_rest_json", "identity_rest_json", 1, "identity 1M FP32 REST JSON c=1", long=True),
+    Scenario("identity_grpc_raw", "identity_grpc_raw", 1, "identity 1M FP32 gRPC raw c=1", fresh=True),
+    Scenario("identity_rest_binary", "identity_rest_binary", 1, "identity 1M FP32 REST binary c=1", fresh=True),
+    Scenario("identity_rest_json", "identity_rest_json", 1, "identity 1M FP32 REST JSON c=1", long=True, fresh=True),
 )
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -160,10 +163,22 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                     f" {server.idle_rss_mib:.0f} MiB RSS"
                 )
                 variant = name in servers.VARIANTS
+                served = False  # whether this server has answered a scenario yet
                 for scenario in scenarios:
                     if variant and scenario.name not in servers.VARIANT_SCENARIOS:
                         continue
+                    if scenario.fresh and served:
+                        servers.stop(server)
+                        try:
+                            server = servers.start(name, args.cache, workdir)
+                        except RuntimeError as exc:
+                            records.append({**base, "scenario": scenario.name, "tool": "loadgen", "error": str(exc)})
+                            log(f"[{repeat}] {name}: {exc}")
+                            break
+                    served = True
                     result = observed(server, functools.partial(loadgen, server, scenario, args))
+                    # The RSS at rest of the server this scenario ran on (started, settled, before any inference).
+                    result["rest_rss_mib"] = server.idle_rss_mib
                     records.append({**base, "scenario": scenario.name, **result})
                     log(f"[{repeat}] {name} {scenario.name}: {_short(result)}")
                 if args.pa and not variant:

@@ -52,13 +52,27 @@ def _size(n: float) -> str:
     return f"{n:g} TB"
 
 
+def _memory(r: dict[str, Any]) -> str:
+    peak, before, after = r.get("peak_rss_mib"), r.get("rss_before_mib"), r.get("rss_after_mib")
+    if peak is None:
+        return "-"
+    if before is None or after is None:  # a run from before these were recorded
+        return f"peak {peak:.0f}"
+    return f"{before:.0f}, {peak:.0f} (+{peak - before:.0f}), {after:.0f}"
+
+
 def point(
     server: servers.Running, workload: str, concurrency: int, elements: int, duration: float, warmup: float
 ) -> dict[str, Any]:
+    before = loadgen.rss_kib(server.pid) / 1024
     result = servers.run_loadgen(
         server, workload, concurrency=concurrency, duration=duration, warmup=warmup, elements=elements,
         request_timeout=60, extra=("--max-requests", "200000"), limit=duration + warmup + 180,
     )
+    # The server's RSS before the point's first request and once it is done: the peak (VmHWM, reset after the
+    # first answer) starts from what earlier points left resident, so a point's own cost is its peak's growth
+    # over `rss_before_mib`, and what it leaves behind is `rss_after_mib` (the next point's start).
+    result.update(rss_before_mib=before, rss_after_mib=loadgen.rss_kib(server.pid) / 1024)
     if "error" in result:
         return {"workload": workload, "concurrency": concurrency, **result}
     return result
@@ -247,7 +261,12 @@ def markdown(document: dict[str, Any]) -> str:
         f"{meta['duration_s']:g} s per point. Server on CPU 0, load on CPU 1."
         + (" Quick smoke run." if meta["quick"] else ""),
         "",
-        "| workload | tensor | infer/s | p50 / p99 ms | server CPU ms / inference | us per KB | peak MiB |",
+        "Memory: the server's RSS before the point's first request, its peak during the point (in brackets the "
+        "peak's growth over the RSS before: the point's own cost) and its RSS once the point is done (what the "
+        "next point starts from).",
+        "",
+        "| workload | tensor | infer/s | p50 / p99 ms | server CPU ms / inference | us per KB "
+        "| RSS MiB: before, peak (growth), after |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in document["payload"]:
@@ -260,7 +279,7 @@ def markdown(document: dict[str, Any]) -> str:
         lines.append(
             f"| {r['workload']} | {_size(r['payload_bytes'])} | {r['infer_per_s']:,.1f} | {r['p50_ms']:.2f} / "
             f"{r['p99_ms']:.2f} | {cpu / 1000:.3f} | {cpu / (r['payload_bytes'] / 1024):.3f} | "
-            f"{r.get('peak_rss_mib', 0):.0f} |"
+            f"{_memory(r)} |"
         )
     lines += [
         "",
