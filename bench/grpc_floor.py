@@ -12,7 +12,15 @@ server's CPU per call comes from /proc. Variants:
 Our own server (`python -m oip serve`) is measured in the same run, over the same load, so the report shows the
 floor of the transport it uses beside what it spends.
 
+With `--memory`, the floor of the memory a large tensor costs instead: the synchronous server with 8 threads
+answers `identity_fp32` requests of `--elements` FP32 elements (bench/loadgen.py's `identity_grpc_raw` workload,
+c=1) with the identity's reply serialized once up front (the handler allocates nothing per call), under the glibc
+malloc settings our server gives itself (`oip.server.app.tune_allocator`: one arena, buffers up to 32 MiB on the
+heap); then our server on the same load. Each from a fresh start: its RSS at rest, and its peak (VmHWM during the
+warm-up and window) and growth over that. Outputs grpc_memory.{md,json}.
+
     python bench/grpc_floor.py [--duration 8] [--concurrency 8] [--out bench/results]
+    python bench/grpc_floor.py --memory [--elements 1000000] [--duration 5] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -51,12 +59,38 @@ def _response() -> bytes:
     return reply.SerializeToString()
 
 
-def serve(variant: str, port: int) -> None:
-    """Serve the fixed answer until killed (the server side of one variant)."""
+def _identity_response(elements: int) -> bytes:
+    """The reply of `identity_fp32` to loadgen's identity request of `elements` elements."""
+    sys.path.insert(0, str(ROOT / "generated"))
+    from loadgen import _identity_data
+    from oip.grpc import grpc_service_pb2 as pb
+
+    reply = pb.ModelInferResponse(model_name="identity_fp32", model_version="1")
+    reply.outputs.add(name="OUTPUT0", datatype="FP32", shape=[elements])
+    reply.raw_output_contents.append(_identity_data(elements).tobytes())
+    return reply.SerializeToString()
+
+
+def _tuned_malloc() -> dict[str, str]:
+    """glibc's malloc settings as `oip.server.app.tune_allocator` makes them, as the environment variables it
+    defers to."""
+    sys.path.insert(0, str(ROOT / "generated"))
+    from oip.server import app
+
+    return {"MALLOC_ARENA_MAX": str(app._ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(app._MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(app._TRIM_THRESHOLD)}
+
+
+def serve(variant: str, port: int, elements: int = 0) -> None:
+    """Serve the fixed answer until killed (the server side of one variant; the identity's with `elements`)."""
     import grpc
 
-    answer = _response()
-    options = [("grpc.so_reuseport", 0)]
+    answer = _identity_response(elements) if elements else _response()
+    if elements:  # give the heap that building the answer used back to the system: the RSS at rest is what is live
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
     def handler() -> grpc.RpcMethodHandler[bytes, bytes]:
         if variant.startswith("sync"):
@@ -96,13 +130,15 @@ def serve(variant: str, port: int) -> None:
         asyncio.run(main())
 
 
-def _start_floor(variant: str, workdir: Path) -> servers.Running:
+def _start_floor(variant: str, workdir: Path, elements: int = 0) -> servers.Running:
     port = servers.free_port()
     log = workdir / f"floor_{variant}.log"
+    argv = ["taskset", "-c", SERVER_CPU, sys.executable, __file__, "--serve", variant, "--port", str(port)]
+    env = {**os.environ, **_tuned_malloc()} if elements else None
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            ["taskset", "-c", SERVER_CPU, sys.executable, __file__, "--serve", variant, "--port", str(port)],
-            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [*argv, "--elements", str(elements)] if elements else argv,
+            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
         )
     deadline = time.monotonic() + 30
     while b"ready" not in log.read_bytes():
@@ -121,6 +157,53 @@ def measure(running: servers.Running, args: argparse.Namespace) -> dict[str, Any
     return {"server": running.name, **result}
 
 
+def memory(args: argparse.Namespace, workdir: Path) -> int:
+    """The memory floor of a large tensor over grpcio, beside our server's (see the module's description)."""
+    import grpc
+
+    rows = []
+    for name in ("grpcio sync_8, reply serialized up front", "oipgen (python -m oip serve)"):
+        if name.startswith("grpcio"):
+            running = _start_floor("sync_8", workdir, args.elements)
+            time.sleep(servers.IDLE_SETTLE_S)
+            rest = servers.rss_kib(running.pid) / 1024
+        else:
+            running = servers.start("oipgen", BENCH / ".cache", workdir)
+            rest = running.idle_rss_mib
+        try:
+            result = servers.run_loadgen(
+                running, "identity_grpc_raw", concurrency=1, duration=args.duration, warmup=args.warmup,
+                elements=args.elements, request_timeout=60,
+            )
+        finally:
+            servers.stop(running)
+        rows.append({"server": name, "rest_rss_mib": rest, **result})
+    meta = {"grpcio": grpc.__version__, "python": platform.python_version(), "load_average": os.getloadavg(),
+            "elements": args.elements, "duration_s": args.duration}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "grpc_memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    payload = args.elements * 4 / 2**20
+    lines = [
+        f"# gRPC memory floor: identity of {args.elements:,} FP32 ({payload:.1f} MiB) over gRPC raw, c=1",
+        "",
+        f"grpcio {meta['grpcio']}, Python {meta['python']}, load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in meta['load_average'])}.",
+        "",
+        "| server | infer/s | RSS at rest (MiB) | peak (MiB) | growth (MiB) | growth / payload |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['server']} | error: {row['error']} | | | | |")
+            continue
+        growth = row["peak_rss_mib"] - row["rest_rss_mib"]
+        lines.append(f"| {row['server']} | {row['infer_per_s']:,.1f} | {row['rest_rss_mib']:.1f} | "
+                     f"{row['peak_rss_mib']:.1f} | {growth:.1f} | {growth / payload:.1f}x |")
+    (args.out / "grpc_memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -129,15 +212,20 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--out", type=Path, default=BENCH / "results")
+    parser.add_argument("--memory", action="store_true", help="the memory floor of a large tensor instead")
+    parser.add_argument("--elements", type=int, help="FP32 elements of --memory's tensor (default 1,000,000)")
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.elements or 0)
         return 0
 
     import grpc
 
     workdir = BENCH / ".cache" / "grpc_floor"
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.memory:
+        args.elements = args.elements or 1_000_000
+        return memory(args, workdir)
     rows = []
     for variant in VARIANTS:
         floor = _start_floor(variant, workdir)
