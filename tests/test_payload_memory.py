@@ -13,7 +13,8 @@ allow (payload P; `make bench` measures the process's RSS, this counts what Pyth
 - gRPC raw: grpcio hands the message over as one bytes object built from its pieces (2x, grpcio's own), the inputs
   are views of it and the reply is the one bytes object grpcio sends (request + reply: 2x). One copy more (3x)
   breaks the bound of 2.5x.
-About 10 s.
+And in process: large binary outputs go out as views of the model's arrays only where the HTTP server says it
+writes such bodies as they are (`http.BUFFER_BODIES`), as one body of bytes elsewhere. About 10 s.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import numpy as np
 import orjson
 import pytest
 from oip.grpc import grpc_service_pb2 as pb
+from oip.server.rest import BinaryParts, encode_infer_response
+from oip.server.types import InferResponse, Tensor
 from serving import Server, running
+from starlette.responses import Response
 
 MIB = 1 << 20
 ELEMENTS = 1 << 20  # 4 MiB of FP32
@@ -194,3 +198,22 @@ def test_rest_answers_small_and_large_binary_outputs_alike(server: Server) -> No
             out, facts = rest_binary(http, data)
             np.testing.assert_array_equal(out, data)
             assert facts[:2] == [0, 0]
+
+
+def test_large_binary_outputs_are_sent_from_the_arrays_only_where_the_server_takes_buffers() -> None:
+    """The standalone server's HTTP protocol advertises `http.BUFFER_BODIES`: then 64 KiB or more of binary outputs
+    go out as views of the arrays. Elsewhere (Ray Serve's proxy, uvicorn's h11 protocol) the answer is one body of
+    bytes, as ASGI asks: the same bytes."""
+    first, second = np.arange(1 << 14, dtype=np.float32), np.arange(1 << 14, dtype=np.int32)
+    response = InferResponse(model_name="m", model_version="1", outputs=[
+        Tensor("A", "FP32", [first.size], first), Tensor("B", "INT32", [second.size], second)])
+    parts = encode_infer_response(response, {}, True, parts=True)
+    assert type(parts) is BinaryParts and len(parts.parts) == 3
+    assert np.shares_memory(np.frombuffer(parts.parts[1], dtype=np.uint8), first)
+    assert np.shares_memory(np.frombuffer(parts.parts[2], dtype=np.uint8), second)
+    whole = encode_infer_response(response, {}, True)
+    assert type(whole) is Response and isinstance(whole.body, bytes)
+    assert whole.body == b"".join(bytes(part) for part in parts.parts)
+    assert dict(whole.raw_headers) == dict(parts.raw_headers)
+    small = InferResponse(model_name="m", model_version="1", outputs=[Tensor("A", "FP32", [16], first[:16])])
+    assert type(encode_infer_response(small, {}, True, parts=True)) is Response  # below 64 KiB: one body

@@ -14,7 +14,12 @@ Two things happen below the application, where FastAPI never sees the request:
   counting time the server itself stops reading); past that, if no answer has started, the server answers 408
   with an error body and closes the connection (the handler then sees the client gone).
 
-Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with neither change.
+- A response body message may carry any bytes-like object (a memoryview of a tensor's array) rather than bytes:
+  httptools' protocol hands it to the transport as it is. The protocol says so in every request's scope, as the
+  ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
+  (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
+
+Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["http_protocol"]
+__all__ = ["BUFFER_BODIES", "http_protocol"]
+
+BUFFER_BODIES: Final = "oip.http.response.buffer_bodies"
+"""The ASGI scope extension of a server that writes a response body given as any bytes-like object as it is."""
 
 _MALFORMED: Final = "the request is not valid HTTP/1.1 (request line or headers could not be parsed)"
 
@@ -105,6 +113,7 @@ def http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Pr
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.scope["extensions"] = {BUFFER_BODIES: {}}
             if self._waiting is None:  # a later request: its first byte starts the clock (the first: the connection)
                 self._waiting = self.loop.time()
 

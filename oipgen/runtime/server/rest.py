@@ -50,6 +50,7 @@ from .. import bodies, codec, convert, datatypes, extensions, framing
 from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
+from .http import BUFFER_BODIES
 from .metrics import CONTENT_TYPE, Family, render
 from .model_openapi import model_document
 from .openapi import DOCUMENT
@@ -627,7 +628,8 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
             if settings.tracing:
                 infer_request.trace = carrier(request.headers.get)
             response = await call(infer_request)
-            return encode_infer_response(response, listed, default_binary)
+            extensions = request.scope.get("extensions") or {}
+            return encode_infer_response(response, listed, default_binary, parts=BUFFER_BODIES in extensions)
         except Exception as exc:
             return _error_response(exc, settings)
 
@@ -796,8 +798,12 @@ def decode_infer_request(
     return infer_request, listed, default_binary
 
 
-def encode_infer_response(response: InferResponse, listed: Mapping[str, bool], default_binary: bool) -> Response:
-    """The REST answer: JSON, or a JSON header followed by the outputs asked for as binary data."""
+def encode_infer_response(
+    response: InferResponse, listed: Mapping[str, bool], default_binary: bool, *, parts: bool = False
+) -> Response:
+    """The REST answer: JSON, or a JSON header followed by the outputs asked for as binary data. With `parts` (the
+    server writes bytes-like bodies as they are: `http.BUFFER_BODIES`), large binary outputs are sent from the
+    model's arrays (`BinaryParts`)."""
     outputs: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     for tensor in response.outputs:
@@ -828,7 +834,7 @@ def encode_infer_response(response: InferResponse, listed: Mapping[str, bool], d
         header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         raise ModelFailure(f"the model's response cannot be written as JSON: {exc}") from None
-    if sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
+    if parts and sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
         return BinaryParts(header, chunks)
     content, headers = framing.join(header, chunks)
     return Response(content, headers=headers)
