@@ -722,6 +722,45 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
         observer.shutdown()
 
 
+def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:
+    """The request path reads a plain traceparent itself: what it reads is exactly the SDK propagator's span
+    context, and anything else (another version, uppercase, spaces, zero ids, a tracestate) is left to the
+    propagator; either way the request's span joins the same trace under the same parent, sampled the same."""
+    from oip.server import tracing
+    from oip.server.timing import Timer
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    observer = tracing.Tracing(TracerProvider(), None, InstrumentationScope("oip.server"), lambda *sent: None)
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    plain = [f"00-{trace_id}-{span_id}-{flags}" for flags in ("01", "00", "03", "ff")]
+    other = [f"00-{trace_id.upper()}-{span_id}-01", f"01-{trace_id}-{span_id}-01", f"ff-{trace_id}-{span_id}-01",
+             f" 00-{trace_id}-{span_id}-01", f"00-{trace_id}-{span_id}-01 ", f"00-{trace_id}-{span_id}-01-x",
+             f"00-{'0' * 32}-{span_id}-01", f"00-{trace_id}-{'0' * 16}-01", f"00-{trace_id}-{span_id}-1", "",
+             f"01-{trace_id}-{span_id}-01-later"]
+    try:
+        carriers = [{"traceparent": text} for text in plain + other]
+        carriers.append({"traceparent": plain[0], "tracestate": "vendor=a"})
+        for caller in carriers:
+            expected = trace.get_current_span(observer.propagator.extract(caller)).get_span_context()
+            read = observer.plain_caller(caller)
+            assert (read is not None) == (caller in carriers[:len(plain)]), caller
+            if read is not None:
+                assert read == expected and read.is_remote and read.trace_state == expected.trace_state, caller
+            timer = Timer("id", caller, "rest")
+            observer.request_started(timer, "simple", "1")
+            traced = timer.state["otel"]
+            if expected.is_valid:
+                assert (traced.trace_id, traced.parent_id, traced.remote) == (expected.trace_id, expected.span_id, True)
+                assert traced.sampled == expected.trace_flags.sampled, caller
+            else:
+                assert traced.parent_id == 0 and traced.sampled, caller  # a new trace (parentbased_always_on)
+            observer.request_finished(timer.record("simple", "1", 1))
+    finally:
+        observer.shutdown()
+
+
 def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
     """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: a traceparent changes nothing."""
     receiver, _ = http_receiver

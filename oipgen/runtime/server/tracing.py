@@ -21,15 +21,16 @@ trace and span ids (`current_ids`).
 How the spans are made, and why not with the SDK's `Span` objects: an SDK span per phase and the SDK's OTLP encoder
 cost about three times the server's own work per request (measured: ~170 us for the five spans, ~140 us to encode
 them, against ~200 us of server CPU for a whole REST inference). So the request path only does what must happen
-then: the caller's context is extracted (the SDK's W3C propagator), the SDK's configured sampler decides once per
-request (a sampler that only follows the parent's flags, as `always_on` and `parentbased_always_on` do, is not
-asked: its decision for each kind of parent is read once, `fixed_decisions`), the SDK's id generator gives the span
-id, and the request's span context is made current (the API's context). When the request finishes, its outcome and
-the timer's phase timestamps are queued as plain values. A background thread gives the children their ids, writes
-the spans' OTLP protobuf encoding (`encode`) and hands the batch to the standard OTLP exporter's transport (retries,
-headers, compression, TLS are the exporter's). The encoding is written here because building the opentelemetry-proto
-messages still costs ~35 us per request; it is byte for byte what the SDK's encoder writes for the same spans (a
-test compares the two, `readable_spans`). Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
+then: the caller's context is extracted (the SDK's W3C propagator; a plain traceparent is read here, exactly as the
+propagator reads it, `plain_caller`), the SDK's configured sampler decides once per request (a sampler that only
+follows the parent's flags, as `always_on` and `parentbased_always_on` do, is not asked: its decision for each kind
+of parent is read once, `fixed_decisions`), the SDK's id generator gives the span id, and the request's span context
+is made current (the API's context). When the request finishes, its outcome and the timer's phase timestamps are
+queued as plain values. A background thread gives the children their ids, writes the spans' OTLP protobuf encoding
+(`encode`) and hands the batch to the standard OTLP exporter's transport (retries, headers, compression, TLS are the
+exporter's). The encoding is written here because building the opentelemetry-proto messages still costs ~35 us per
+request; it is byte for byte what the SDK's encoder writes for the same spans (a test compares the two,
+`readable_spans`). Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,6 +53,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
+_PLAIN_TRACEPARENT: Final = re.compile("00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _STATE: Final = "otel"  # Timer.state key: the request's `_Traced`, kept after it finished (log lines use its ids)
 _SCOPE: Final = "oip.server"  # the instrumentation scope of the server's spans
 _SPANS: Final = 5  # the spans of a request that is not decoupled: its own and one per phase
@@ -302,6 +305,7 @@ class Tracing(Observer):
         self._random_flag = random_flag if random_flag and provider.id_generator.is_trace_id_random() else 0
         flags = {bits: trace.TraceFlags(bits) for bits in {0, 1, self._random_flag, 1 | self._random_flag}}
         self._api = (context, trace, trace.SpanKind.SERVER, trace.SpanContext, flags, trace.NonRecordingSpan)
+        self._trace_flags = trace.TraceFlags
         self.fixed = fixed_decisions(self.sampler)
         # The OTLP exporter's transport, taking an encoded export request and its span count; None: the exporter
         # takes ReadableSpans.
@@ -324,8 +328,13 @@ class Tracing(Observer):
     def request_started(self, timer: Timer, model: str, version: str) -> None:
         context, trace, server, span_context, flags, non_recording = self._api
         previous = context.get_current()  # what the sampler sees without a caller's context, and what comes back
-        parent = self.propagator.extract(timer.trace) if timer.trace else None
-        parent_context = trace.get_current_span(parent).get_span_context() if parent is not None else None
+        caller = timer.trace
+        parent = parent_context = None
+        if caller:
+            parent_context = self.plain_caller(caller) if self.fixed is not None else None
+            if parent_context is None:  # anything but a plain traceparent, or a sampler that takes a context
+                parent = self.propagator.extract(caller)
+                parent_context = trace.get_current_span(parent).get_span_context()
         if parent_context is not None and parent_context.is_valid:
             trace_id, parent_id, remote = parent_context.trace_id, parent_context.span_id, parent_context.is_remote
             random_flag = parent_context.trace_flags & self._random_flag if self._random_flag else 0
@@ -339,7 +348,7 @@ class Tracing(Observer):
                 {"model_name": model, "model_version": version, "request_id": timer.request_id})
             sampled, trace_state = result.decision.is_sampled(), result.trace_state
         else:  # the sampler's answer without asking it: its decision for this kind of parent, the parent's state
-            seen = parent_context if parent is not None else trace.get_current_span(previous).get_span_context()
+            seen = parent_context if caller else trace.get_current_span(previous).get_span_context()
             if seen is not None and seen.is_valid:
                 sampled = fixed[(1 if seen.is_remote else 3) + (0 if seen.trace_flags.sampled else 1)]
                 trace_state = seen.trace_state
@@ -350,6 +359,21 @@ class Tracing(Observer):
         own = span_context(trace_id, span_id, False, flags[(1 if sampled else 0) | random_flag], trace_state)
         context.attach(trace.set_span_in_context(non_recording(own), previous))
         timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, trace_state, previous)
+
+    def plain_caller(self, caller: Mapping[str, str]) -> Any:
+        """The caller's span context when `caller` is a plain W3C traceparent (version 00, lowercase, nothing
+        around it, ids not zero) and no tracestate: exactly what the SDK's propagator reads from it, without the
+        context it makes around it. None for anything else (the propagator reads it)."""
+        header = caller.get("traceparent")
+        if len(caller) != 1 or header is None or len(header) != 55:
+            return None
+        match = _PLAIN_TRACEPARENT.fullmatch(header)
+        if match is None:
+            return None
+        trace_id, span_id, flags = int(match[1], 16), int(match[2], 16), int(match[3], 16)
+        if not trace_id or not span_id:
+            return None
+        return self._api[3](trace_id, span_id, True, self._trace_flags(flags), None)
 
     def request_finished(self, record: InferenceRecord) -> None:
         traced: _Traced | None = record.state.get(_STATE)
