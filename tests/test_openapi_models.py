@@ -4,6 +4,7 @@ against the schemas it publishes. About 15 s."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -112,6 +113,52 @@ def _simple(a: list[int], b: list[int], shape: list[int]) -> dict[str, Any]:
                        {"name": "INPUT1", "datatype": "INT32", "shape": shape, "data": b}]}
 
 
+def test_generate_requests_and_answers_match_the_published_schemas(http: httpx.Client) -> None:
+    """A model's own generate operations: what the schemas accept the server runs, what they refuse it refuses,
+    and its answers (JSON, and each event of the stream) fit the answer schema."""
+    doc = document(http)
+    request_name, answer_name = infer_schemas(doc, "/v2/models/simple/generate")
+    assert request_name == "simple.GenerateRequest" and answer_name == "simple.GenerateResponse"
+    stream = doc["paths"]["/v2/models/simple/generate_stream"]["post"]
+    event = stream["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert event["properties"]["data"]["contentSchema"] == {"$ref": f"#/components/schemas/{answer_name}"}
+    requests, answers = validator(doc, request_name), validator(doc, answer_name)
+    a, b = list(range(16)), [1] * 16
+    good = [
+        {"INPUT0": a, "INPUT1": b},
+        {"INPUT0": a, "parameters": {"INPUT1": b, "p": "x"}, "id": "r1", "q": 2.5},
+        {"INPUT0": a, "INPUT1": b, "binary_data_output": False, "triton_enable_empty_final_response": 1},
+    ]
+    for body in good:
+        assert not list(requests.iter_errors(body)), body
+        response = http.post("/v2/models/simple/generate", json=body)
+        assert response.status_code == 200, response.text
+        assert not list(answers.iter_errors(response.json())), response.json()
+        assert response.json()["OUTPUT0"] == [x + y for x, y in zip(a, b, strict=True)]
+        events = http.post("/v2/models/simple/generate_stream", json=body)
+        assert events.status_code == 200, events.text
+        data = [line.removeprefix("data: ") for line in events.text.splitlines() if line.startswith("data: ")]
+        assert len(data) == 1 and not list(answers.iter_errors(json.loads(data[0]))), events.text
+    bad = [
+        {"INPUT0": a},  # an input missing
+        {"INPUT0": a, "INPUT1": b[:15]},  # too few elements
+        {"INPUT0": a, "INPUT1": [[1] * 16]},  # nested
+        {"INPUT0": a, "INPUT1": 1},  # one element for sixteen
+        {"INPUT0": a, "INPUT1": [2**31] * 16},  # out of INT32's range
+        {"INPUT0": a, "INPUT1": ["1"] * 16},  # strings for INT32
+        {"INPUT0": a, "INPUT1": b, "parameters": {"INPUT1": b}},  # an input twice
+        {"INPUT0": a, "INPUT1": b, "p": [1]},  # a parameter that is not a scalar
+        {"INPUT0": a, "INPUT1": b, "parameters": {"p": None}},
+        {"INPUT0": a, "INPUT1": b, "triton_x": 1},  # a reserved key
+        {"INPUT0": a, "INPUT1": b, "binary_data_output": 1},  # a boolean parameter of another type
+        {"INPUT0": a, "INPUT1": b, "id": 7},
+        {"INPUT0": a, "INPUT1": b, "parameters": 3},
+    ]
+    for body in bad:
+        assert list(requests.iter_errors(body)), body
+        assert http.post("/v2/models/simple/generate", json=body).status_code == 400, body  # and the server agrees
+
+
 def test_real_requests_and_answers_match_the_published_schemas(http: httpx.Client) -> None:
     doc = document(http)
     request_name, answer_name = infer_schemas(doc, "/v2/models/simple/infer")
@@ -211,6 +258,7 @@ def test_the_document_follows_loads_and_unloads(server: serving.Server, http: ht
     x = {"name": "X", "datatype": "FP64", "shape": [2, 5], "data": [0.5] * 10}
     assert not list(requests.iter_errors({"inputs": [x]}))
     assert list(requests.iter_errors({"inputs": [{**x, "shape": [3, 5]}]}))
-    late = {"/v2/models/late/infer", "/v2/models/late/versions/1/infer"}
+    late = {f"/v2/models/late/{version}{op}" for version in ("", "versions/1/")
+            for op in ("infer", "generate", "generate_stream")}
     assert loaded["paths"].keys() - before["paths"].keys() == late
     validate(loaded)

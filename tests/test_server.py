@@ -390,9 +390,10 @@ def test_openapi_is_the_spec_and_the_models(http: httpx.Client, api: Any) -> Non
     assert not any(p.startswith("/v2/cudasharedmemory") for p in doc["paths"])
     assert {k: v for k, v in doc.items() if k not in ("paths", "components", "tags")} == {
         k: v for k, v in spec.items() if k not in ("paths", "components", "tags")}
-    # the spec's paths as they are, but the templated inference: its model_name excludes the served models, which
-    # their own paths answer first
-    templated = {"/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{model_version}/infer"}
+    # the spec's paths as they are, but the templated inference and generate: their model_name excludes the served
+    # models, which their own paths answer first
+    templated = {f"/v2/models/{{model_name}}/{version}{op}" for version in ("", "versions/{model_version}/")
+                 for op in ("infer", "generate", "generate_stream")}
     assert templated <= spec["paths"].keys()
     assert {path: doc["paths"][path] for path in spec["paths"] if path not in templated} == {
         path: item for path, item in spec["paths"].items() if path not in templated}

@@ -2,15 +2,16 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""Each model's own inference in the OpenAPI document (`model_document`): the spec's inference paths made concrete
-for every ready model (and version), with request and response schemas narrowed to the model's metadata."""
+"""Each model's own operations in the OpenAPI document (`model_document`): the spec's inference and generate paths
+made concrete for every ready model (and version), with request and response schemas narrowed to the model's
+metadata."""
 
 from __future__ import annotations
 
 import copy
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -18,24 +19,28 @@ import numpy as np
 
 from .. import datatypes, extensions, framing
 from ..grpc import grpc_service_pb2 as pb
+from . import generate, validation
 from .dataplane_base import TENSOR_OPERATIONS
-from .endpoints import ENDPOINTS
+from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS
 from .openapi import DOCUMENT
+from .streaming import EMPTY_FINAL
 
-__all__ = ["INFER_ENDPOINTS", "model_document"]
+__all__ = ["MODEL_ENDPOINTS", "model_document"]
 
 
 def _variable(params: Sequence[tuple[str, str]], field: str) -> str:
     return next((variable for variable, filled in params if filled == field), "")
 
 
-# The REST forms of inference in the spec: path, method, the path variables that name the model and the version
-# ("": none), and the component schemas of the body and of the answer, which `model_document` narrows per model.
-INFER_ENDPOINTS: Final[tuple[tuple[str, str, str, str, str, str], ...]] = tuple(
-    (e.path, e.method.lower(), _variable(e.params, "model_name"), _variable(e.params, "model_version"), e.body,
-     e.response)
-    for e in ENDPOINTS
-    if e.operation in TENSOR_OPERATIONS and e.body and e.response
+# The REST operations of the spec that run one model: path, method, the path variables that name the model and the
+# version ("": none), and the kind of operation ("infer" or "generate"), whose request and answer schemas
+# `model_document` narrows per model (`_NARROWING`).
+MODEL_ENDPOINTS: Final[tuple[tuple[str, str, str, str, str], ...]] = (
+    *((e.path, e.method.lower(), _variable(e.params, "model_name"), _variable(e.params, "model_version"), "infer")
+      for e in ENDPOINTS if e.operation in TENSOR_OPERATIONS and e.body and e.response),
+    *((e.path, e.method.lower(), _variable(e.params, "model_name"), _variable(e.params, "model_version"),
+       "generate")
+      for e in REST_ONLY_ENDPOINTS if e.operation in ("generate", "generate_stream")),
 )
 _SCHEMAS: Final = "#/components/schemas/"
 # The parameter keys that make a tensor travel outside the JSON body (binary data after it, shared memory): a
@@ -47,6 +52,7 @@ _NOT_JSON_INPUT: Final = tuple(
 _NOT_JSON_OUTPUT: Final = tuple(key for key, extension in extensions.PARAMETERS.items()
                                 if extension == "system_shared_memory")
 _JSON: Final = "application/json"
+_EVENTS: Final = "text/event-stream"
 # The last document `model_document` made: its base, what it was made from, and the document (one entry).
 _LAST: Final[list[tuple[dict[str, Any], tuple[tuple[str, bytes], ...], dict[str, Any]]]] = []
 
@@ -54,12 +60,12 @@ _LAST: Final[list[tuple[dict[str, Any], tuple[tuple[str, bytes], ...], dict[str,
 def model_document(
     models: Iterable[tuple[str, pb.ModelMetadataResponse]], base: dict[str, Any] = DOCUMENT
 ) -> dict[str, Any]:
-    """`base` (`DOCUMENT`, or the part of it a server publishes) with each model's own inference: for every
-    (version, metadata) of `models` (version "": the one the server picks), the inference paths of `base` made
-    concrete for that model (and version), whose request and answer schemas narrow the spec's to the model's
-    tensors: names, datatypes, shapes (-1: any size), element counts and ranges, and one tag per model; every
-    status and header as `base` has it. The templated inference paths of `base` then name only the models that are
-    not served (`_elsewhere`). `base` itself is never changed; with no models it is returned.
+    """`base` (`DOCUMENT`, or the part of it a server publishes) with each model's own operations: for every
+    (version, metadata) of `models` (version "": the one the server picks), the inference and generate paths of
+    `base` (`MODEL_ENDPOINTS`) made concrete for that model (and version), whose request and answer schemas narrow
+    the spec's to the model's tensors: names, datatypes, shapes (-1: any size), element counts and ranges, and one
+    tag per model; every status and header as `base` has it. The templated paths of `base` then name only the
+    models that are not served (`_elsewhere`). `base` itself is never changed; with no models it is returned.
 
     The last document is kept and returned again (the same object: read it, do not change it) while the base and
     the models' metadata are the same, so that asking again costs no more than comparing the metadata."""
@@ -75,31 +81,36 @@ def model_document(
     schemas = components["schemas"] = dict(components.get("schemas", {}))
     tags = doc["tags"] = list(base.get("tags", []))
     tagged: set[str] = set()
+    operations = [(path, method, model_var, version_var, _NARROWING[kind], spec_operation)
+                  for path, method, model_var, version_var, kind in MODEL_ENDPOINTS
+                  if isinstance(spec_operation := base.get("paths", {}).get(path, {}).get(method), dict)
+                  and all(_components(spec_operation))]
+    suffixes = sorted({part for *_, spec_operation in operations for part in _components(spec_operation)})
     for version, metadata in given:
         name = metadata.name
-        key = _unique(_key(name + (f".v{version}" if version else "")), schemas)
-        request, answer = f"{key}.InferenceRequest", f"{key}.InferenceResponse"
+        key = _unique(_key(name + (f".v{version}" if version else "")), schemas, suffixes)
         about = _about(metadata, version)
-        for path, method, model_var, version_var, body, response in INFER_ENDPOINTS:
+        for path, method, model_var, version_var, narrowing, spec_operation in operations:
             if bool(version) != bool(version_var) or not model_var:
                 continue
             values = {model_var: name, **({version_var: version} if version_var else {})}
             concrete = path
             for var, value in values.items():
                 concrete = concrete.replace("{" + var + "}", quote(value, safe=""))
-            spec_operation = base.get("paths", {}).get(path, {}).get(method)
-            if concrete in paths or not isinstance(spec_operation, dict):
+            if concrete in paths:
                 continue
-            schemas[request] = _request_schema(metadata, body, about)
-            schemas[answer] = _answer_schema(metadata, version, response, about)
-            paths[concrete] = {method: _operation(spec_operation, set(values), request, answer, name, version,
-                                                  binary=_binary(metadata))}
+            body, response = _components(spec_operation)
+            request, answer = f"{key}.{body}", f"{key}.{response}"
+            schemas[request] = narrowing.request(metadata, body, about)
+            schemas[answer] = narrowing.answer(metadata, version, response, about)
+            paths[concrete] = {method: _operation(spec_operation, set(values), request, answer, response, name,
+                                                  version, summary=narrowing.summary, binary=_binary(metadata))}
         tag = f"model {name}"
         if tag not in tagged:
             tagged.add(tag)
             tags.append({"name": tag, "description": _about(metadata, "")})
     served = sorted({metadata.name for _, metadata in given})
-    for path, method, model_var, _, _, _ in INFER_ENDPOINTS:
+    for path, method, model_var, _, _ in MODEL_ENDPOINTS:
         spec_operation = paths.get(path, {}).get(method)
         if model_var and isinstance(spec_operation, dict):
             paths[path] = {**paths[path], method: _elsewhere(spec_operation, model_var, served)}
@@ -108,9 +119,9 @@ def model_document(
 
 
 def _elsewhere(base: Mapping[str, Any], model_var: str, served: list[str]) -> dict[str, Any]:
-    """The spec's templated inference operation `base` beside the served models' own: a concrete path matches
-    before a templated one (OpenAPI), so the templated operation only ever serves the names in `model_var` that are
-    not among `served` (an unknown model: 404), and its path parameter says so."""
+    """The spec's templated operation `base` (inference or generate) beside the served models' own: a concrete
+    path matches before a templated one (OpenAPI), so the templated operation only ever serves the names in
+    `model_var` that are not among `served` (an unknown model: 404), and its path parameter says so."""
     operation = copy.deepcopy(dict(base))
     parameters = operation["parameters"] = [copy.deepcopy(_resolve(p)) for p in operation.get("parameters", [])]
     for parameter in parameters:
@@ -130,9 +141,9 @@ def _key(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text)
 
 
-def _unique(key: str, schemas: Mapping[str, Any]) -> str:
+def _unique(key: str, schemas: Mapping[str, Any], suffixes: Iterable[str]) -> str:
     candidate, n = key, 1
-    while f"{candidate}.InferenceRequest" in schemas or f"{candidate}.InferenceResponse" in schemas:
+    while any(f"{candidate}.{suffix}" in schemas for suffix in suffixes):
         n += 1
         candidate = f"{key}_{n}"
     return candidate
@@ -164,8 +175,12 @@ def _element(datatype: str) -> dict[str, Any] | None:
         limits = np.iinfo(info.dtype)
         return {"type": "integer", "minimum": int(limits.min), "maximum": int(limits.max)}
     if kind == "f":
-        largest = float(np.finfo(info.dtype).max)
-        return {"type": "number", "minimum": -largest, "maximum": largest}
+        largest = np.finfo(info.dtype).max
+        if info.dtype.itemsize >= 8:
+            return {"type": "number", "minimum": -float(largest), "maximum": float(largest)}
+        # a narrower float takes every number that rounds to a finite value: below its largest plus half a step
+        bound = float(largest) + (float(largest) - float(np.nextafter(largest, largest.dtype.type(0)))) / 2
+        return {"type": "number", "exclusiveMinimum": -bound, "exclusiveMaximum": bound}
     return {"type": "string"}
 
 
@@ -288,16 +303,17 @@ def _output(tensor: pb.ModelMetadataResponse.TensorMetadata) -> dict[str, Any]:
     return {"anyOf": [schema, classes]}
 
 
-def _operation(base: Mapping[str, Any], fixed: set[str], request: str, answer: str, name: str,
-               version: str, binary: bool) -> dict[str, Any]:
-    """The spec's inference operation `base` for one model: the path variables in `fixed` filled in, the JSON
-    body and answer narrowed to the model's schemas; every other part (statuses, answer headers) as the spec has
-    it. Unless the model takes an input that has no JSON form (`binary`), the request is the JSON form alone, so
-    without the header of binary tensor data (the spec's operation describes that form for every model)."""
+def _operation(base: Mapping[str, Any], fixed: set[str], request: str, answer: str, response: str, name: str,
+               version: str, summary: str, binary: bool) -> dict[str, Any]:
+    """The spec's operation `base` for one model: the path variables in `fixed` filled in, the JSON body and every
+    answer content of the spec's `response` schema (JSON, or the events of a stream) narrowed to the model's
+    schemas; every other part (statuses, answer headers) as the spec has it. Unless the model takes an input that
+    has no JSON form (`binary`), the request is the JSON form alone, so without the header of binary tensor data
+    (the spec's inference operation describes that form for every model)."""
     operation = copy.deepcopy(dict(base))
     suffix = f".{_key(name)}" + (f".{_key(version)}" if version else "")
     operation["operationId"] = f"{base.get('operationId', 'infer')}{suffix}"
-    operation["summary"] = f"Run inference on model {name}" + (f", version {version}." if version else ".")
+    operation["summary"] = f"{summary} {name}" + (f", version {version}." if version else ".")
     operation["tags"] = [f"model {name}"]
     operation["parameters"] = [
         p for p in operation.get("parameters", [])
@@ -307,9 +323,122 @@ def _operation(base: Mapping[str, Any], fixed: set[str], request: str, answer: s
     body = operation["requestBody"] = copy.deepcopy(_resolve(operation.get("requestBody", {})))
     body.setdefault("content", {}).setdefault(_JSON, {})["schema"] = {"$ref": _SCHEMAS + request}
     responses = operation.setdefault("responses", {})
-    ok = responses["200"] = copy.deepcopy(_resolve(responses.get("200", {"description": "The inference result."})))
-    ok.setdefault("content", {}).setdefault(_JSON, {})["schema"] = {"$ref": _SCHEMAS + answer}
+    ok = responses["200"] = copy.deepcopy(_resolve(responses.get("200", {"description": "The answer."})))
+    for media, content in ok.setdefault("content", {}).items():
+        if content.get("schema") == {"$ref": _SCHEMAS + response}:
+            content["schema"] = _events(answer) if media == _EVENTS else {"$ref": _SCHEMAS + answer}
     return operation
+
+
+def _events(answer: str) -> dict[str, Any]:
+    """One server-sent event whose `data` is the JSON of an `answer` (the schema of a `text/event-stream` content
+    describes each event, as OpenAPI 3.2's `itemSchema` does)."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {"type": "string", "contentMediaType": _JSON, "contentSchema": {"$ref": _SCHEMAS + answer}}},
+    }
+
+
+def _components(operation: Mapping[str, Any]) -> tuple[str, str]:
+    """The component names of the JSON body and of the 200 answer of a spec operation ("" where it has none)."""
+    body = _resolve(operation.get("requestBody", {})).get("content", {}).get(_JSON, {}).get("schema", {})
+    ok = _resolve(operation.get("responses", {}).get("200", {})).get("content", {})
+    answers = [content.get("schema", {}).get("$ref", "") for content in ok.values()]
+    response = next((ref for ref in answers if ref.startswith(_SCHEMAS)), "")
+    return body.get("$ref", "").removeprefix(_SCHEMAS), response.removeprefix(_SCHEMAS)
+
+
+# ------------------------------------------------------------------------------------------- generate extension
+
+
+def _generate_request(metadata: pb.ModelMetadataResponse, base: str, about: str) -> dict[str, Any]:
+    """A generate body of the model as `generate.request` reads it: every input once, as a top-level key or in
+    `parameters`, a scalar or a flat array whose elements fit the input's shape and datatype; `id` a string; every
+    other key of either object a request parameter (a scalar; reserved keys as the data plane takes them)."""
+    inputs = {t.name: _generate_value(list(t.shape), _element(t.datatype)) for t in metadata.inputs}
+    nested = generate.PARAMETERS not in inputs
+    known = [*inputs, *_BOOLEAN_PARAMETERS, *_ANY_PARAMETERS]
+    top = _parameters(inputs, (generate.ID, generate.PARAMETERS))
+    properties = top["properties"]
+    properties[generate.ID] = {"type": "string"}
+    if nested:
+        properties[generate.PARAMETERS] = _parameters(inputs, (generate.ID,))
+        # a key in both objects is given twice (400)
+        top["dependentSchemas"] = {
+            k: {"properties": {generate.PARAMETERS: {"not": {"required": [k]}}}} for k in known}
+        top["allOf"] = [{"anyOf": [{"required": [name]}, {"required": [generate.PARAMETERS], "properties": {
+            generate.PARAMETERS: {"required": [name]}}}]} for name in inputs]
+    elif inputs:
+        top["required"] = list(inputs)
+    return {"description": f"A generate request of model `{metadata.name}`.\n\n{about}",
+            "allOf": [{"$ref": _SCHEMAS + base}, top]}
+
+
+# Request parameters the data plane reads as booleans, and one it drops whatever its value.
+_BOOLEAN_PARAMETERS: Final = tuple(sorted((validation.TRANSPORT_PARAMETERS | validation.RESERVED_ALLOWED)
+                                          - {EMPTY_FINAL}))
+_ANY_PARAMETERS: Final = (EMPTY_FINAL,)
+_SCALAR: Final = {"anyOf": [{"type": "boolean"}, {"type": "number"}, {"type": "string"}]}
+
+
+def _parameters(inputs: Mapping[str, Any], keys: Sequence[str] = ()) -> dict[str, Any]:
+    """A generate object (the body or its `parameters`): `inputs` by name, the reserved request parameters the
+    data plane takes, the other `keys` (their schemas added by the caller), and any other key that is not reserved
+    (`triton_*`) a scalar request parameter."""
+    properties = {**inputs, **{key: {"type": "boolean"} for key in _BOOLEAN_PARAMETERS},
+                  **{key: _SCALAR for key in _ANY_PARAMETERS}}
+    return {
+        "type": "object",
+        "properties": properties,
+        "propertyNames": {"anyOf": [{"enum": [*properties, *keys]},
+                                    {"not": {"pattern": "^" + re.escape(validation.RESERVED_PREFIX)}}]},
+        "additionalProperties": _SCALAR,
+    }
+
+
+def _generate_value(shape: Sequence[int], element: dict[str, Any] | None) -> dict[str, Any] | bool:
+    """One input or output in the generate form: a flat array of the elements a tensor of `shape` holds, and, when
+    it may hold one element, that element alone (`generate.shape_for`); False when the datatype has no JSON form.
+    A variable dimension beside fixed ones takes a multiple of their product, which JSON Schema cannot say of a
+    length: any length then."""
+    if element is None:
+        return False
+    flat: dict[str, Any] = {"type": "array", "items": element}
+    fixed = math.prod(d for d in shape if d > 0)
+    if 0 in shape:
+        flat["maxItems"] = 0
+        return flat
+    if all(d > 0 for d in shape):
+        flat["minItems"] = flat["maxItems"] = fixed
+    return {"anyOf": [element, flat]} if fixed == 1 else flat
+
+
+def _generate_answer(metadata: pb.ModelMetadataResponse, version: str, base: str, about: str) -> dict[str, Any]:
+    """A generate answer of the model (`generate.answer`): its name and version, and each output as a flat array,
+    or its one element alone."""
+    properties: dict[str, Any] = {
+        t.name: _generate_value(list(t.shape), _element(t.datatype) or {}) for t in metadata.outputs}
+    properties["model_name"] = {"const": metadata.name}
+    if version:
+        properties["model_version"] = {"const": version}
+    return {"description": f"The answer of model `{metadata.name}` to a generate request.\n\n{about}",
+            "allOf": [{"$ref": _SCHEMAS + base}, {"type": "object", "properties": properties}]}
+
+
+class _Narrowing:
+    """How one kind of operation narrows its request and answer schemas to a model, and its summary."""
+
+    def __init__(self, request: Callable[[pb.ModelMetadataResponse, str, str], dict[str, Any]],
+                 answer: Callable[[pb.ModelMetadataResponse, str, str, str], dict[str, Any]], summary: str) -> None:
+        self.request, self.answer, self.summary = request, answer, summary
+
+
+_NARROWING: Final = {
+    "infer": _Narrowing(_request_schema, _answer_schema, "Run inference on model"),
+    "generate": _Narrowing(_generate_request, _generate_answer, "Generate with model"),
+}
 
 
 def _resolve(item: Any) -> Any:

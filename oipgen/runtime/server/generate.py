@@ -41,10 +41,10 @@ def request(model: Model, shapes: Mapping[str, Sequence[int]], body: Mapping[str
     `shapes` holds each input's shape as the model's metadata declares it (batch dimension included)."""
     out = InferRequest(model_name=model_name, model_version=model_version)
     declared = {spec.name: spec for spec in model.inputs}
-    request_id = body.get(ID)
-    if request_id is not None and not isinstance(request_id, str):
+    request_id = body.get(ID, "")
+    if not isinstance(request_id, str):
         raise InvalidRequest(f"'{ID}' must be a string, got {codec.describe(request_id)}")
-    out.id = request_id or ""
+    out.id = request_id
     seen: set[str] = set()
 
     def take(key: str, value: Any, where: str) -> None:

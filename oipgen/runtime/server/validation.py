@@ -25,6 +25,8 @@ from .model import Model, TensorSpec
 from .types import Tensor
 
 __all__ = [
+    "RESERVED_ALLOWED",
+    "RESERVED_PREFIX",
     "TRANSPORT_PARAMETERS",
     "check_inputs",
     "check_output",
@@ -41,8 +43,8 @@ __all__ = [
 TRANSPORT_PARAMETERS: Final = frozenset({extensions.BINARY_DATA_OUTPUT})
 # Request parameter keys starting with this are reserved (Triton's parameters extension), except these, which
 # steer the server (the stream's empty final response) and never reach the model.
-_RESERVED_PREFIX: Final = "triton_"
-_RESERVED_ALLOWED: Final = frozenset({"triton_enable_empty_final_response"})
+RESERVED_PREFIX: Final = "triton_"
+RESERVED_ALLOWED: Final = frozenset({"triton_enable_empty_final_response"})
 _SCALARS: Final = (bool, int, float, str)
 
 def declared_shape(model: Model, spec: TensorSpec) -> tuple[int, ...]:
@@ -177,13 +179,13 @@ def check_request_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     any other `triton_*` key, a reserved key of the wrong type or a value that is not a scalar."""
     out: dict[str, Any] = {}
     for key, value in parameters.items():
-        if key in TRANSPORT_PARAMETERS or key in _RESERVED_ALLOWED:
+        if key in TRANSPORT_PARAMETERS or key in RESERVED_ALLOWED:
             if not isinstance(value, bool):
                 raise InvalidRequest(f"invalid value type for '{key}' parameter, expected a boolean, got {value!r}")
             continue
-        if key.startswith(_RESERVED_PREFIX):
+        if key.startswith(RESERVED_PREFIX):
             raise InvalidRequest(
-                f"parameter keys starting with '{_RESERVED_PREFIX}' are reserved for Triton usage and should not be "
+                f"parameter keys starting with '{RESERVED_PREFIX}' are reserved for Triton usage and should not be "
                 f"specified (got '{key}')"
             )
         if not isinstance(value, _SCALARS):
