@@ -58,7 +58,8 @@ def _memory(r: dict[str, Any]) -> str:
         return "-"
     if before is None or after is None:  # a run from before these were recorded
         return f"peak {peak:.0f}"
-    return f"{before:.0f}, {peak:.0f} (+{peak - before:.0f}), {after:.0f}"
+    # the peak is reset after `before` is read, so memory freed in between can put it below: no growth, then
+    return f"{before:.0f}, {peak:.0f} (+{max(peak - before, 0.0):.0f}), {after:.0f}"
 
 
 def point(
