@@ -722,6 +722,39 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
         observer.shutdown()
 
 
+@pytest.mark.parametrize(("endpoint", "environment", "lean"), [
+    ("http://127.0.0.1:4318/v1/traces", {}, True),
+    ("http://127.0.0.1:4318/v1/traces", {"HTTP_PROXY": "http://proxy.invalid:3128"}, False),
+    ("http://127.0.0.1:4318/v1/traces", {"ALL_PROXY": "http://proxy.invalid:3128"}, False),
+    ("http://127.0.0.1:4318/v1/traces", {"HTTP_PROXY": "http://proxy.invalid:3128", "NO_PROXY": "127.0.0.1"}, True),
+    ("http://collector.invalid:4318/v1/traces", {"NETRC": "{netrc}"}, False),
+    ("http://127.0.0.1:4318/v1/traces", {"NETRC": "{netrc}"}, True),
+    ("https://127.0.0.1:4318/v1/traces", {}, False),
+])
+def test_the_http_exporter_keeps_its_default_transport_where_the_environment_applies(
+        endpoint: str, environment: dict[str, str], lean: bool, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OTLP/HTTP exporter sends with the exporter's urllib3 transport only where requests, its default, would
+    send the same request: a plain-HTTP endpoint that no proxy variable and no .netrc entry covers."""
+    from oip.server import tracing
+    from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
+    from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine collector.invalid login user password secret\n")
+    for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value.format(netrc=netrc))
+    exporter = tracing._http_exporter()
+    try:
+        transport = exporter._client._transport
+        assert type(transport) is (Urllib3HTTPTransport if lean else RequestsHTTPTransport)
+    finally:
+        exporter.shutdown()
+
+
 def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:
     """The request path reads a plain traceparent itself: what it reads is exactly the SDK propagator's span
     context, and anything else (another version, uppercase, spaces, zero ids, a tracestate) is left to the

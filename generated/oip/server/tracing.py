@@ -32,9 +32,10 @@ of parent is read once, `fixed_decisions`), the SDK's id generator gives the spa
 is made current (the API's context). When the request finishes, its outcome and the timer's phase timestamps are
 queued as plain values. A background thread gives the children their ids, writes the spans' OTLP protobuf encoding
 (`encode`) and hands the batch to the standard OTLP exporter's transport (retries, headers, compression, TLS are the
-exporter's). The encoding is written here because building the opentelemetry-proto messages still costs ~35 us per
-request; it is byte for byte what the SDK's encoder writes for the same spans (a test compares the two,
-`readable_spans`). Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
+exporter's; over HTTP, the exporter's urllib3 transport where no proxy or .netrc setting applies, `_http_exporter`).
+The encoding is written here because building the opentelemetry-proto messages still costs ~35 us per request; it is
+byte for byte what the SDK's encoder writes for the same spans (a test compares the two, `readable_spans`).
+Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import re
 import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 from .timing import InferenceRecord, Observer, Timer, current
 
@@ -163,14 +165,17 @@ def _field(tag: bytes, data: bytes) -> bytes:
     return tag + _varint(len(data)) + data
 
 
-class _Cache(dict[Any, bytes]):
+_Made = TypeVar("_Made")
+
+
+class _Cache(dict[Any, _Made]):
     """Encoded fields that repeat (span names, attributes but the request id, trace states), bounded."""
 
-    def __init__(self, make: Callable[[Any], bytes]) -> None:
+    def __init__(self, make: Callable[[Any], _Made]) -> None:
         super().__init__()
         self.make = make
 
-    def __missing__(self, key: Any) -> bytes:
+    def __missing__(self, key: Any) -> _Made:
         if len(self) >= 4096:
             self.clear()
         value = self[key] = self.make(key)
@@ -184,6 +189,16 @@ def _attribute(item: tuple[str, str]) -> bytes:
 
 
 _ATTRIBUTES: Final = _Cache(_attribute)
+# The request id attribute before its value, by the value's size (in bytes)
+_REQUEST_ID_HEADS: Final = _Cache(lambda size: _attribute(("request_id", "\0" * size))[:-size or None])
+
+
+def _request_id(value: str) -> bytes:
+    """The request id attribute (`_attribute(("request_id", value))`)."""
+    data = value.encode()
+    return _REQUEST_ID_HEADS[len(data)] + data
+
+
 _NAMES: Final = _Cache(lambda name: _field(b"\x2a", name.encode()))  # Span.name (5)
 _STATES: Final = _Cache(lambda state: _field(b"\x1a", state.encode()) if state else b"")  # Span.trace_state (3)
 _PHASES: Final = _Cache(lambda name: _field(b"\x2a", name.encode()) + _KIND_INTERNAL)  # a phase's name and kind
@@ -203,6 +218,18 @@ def _request_tail(key: tuple[str, str, str, bool]) -> bytes:
     return out + (_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
 
 
+def _phase_form(key: tuple[str, int]) -> tuple[Callable[..., bytes], bytes, bytes]:
+    """How a phase's span is written, given its name and the size of its parent fields (trace state, parent id):
+    one struct packing the Span field's tag and length, the trace id field, the span id, the parent fields, the
+    name and kind, the times and the tail (status, flags); the first and the name and kind, encoded."""
+    phase, parent_size = key
+    name = _PHASES[phase]
+    body = f"20s8s{parent_size}s{len(name)}sBQBQ{len(_PHASE_TAIL)}s"
+    head = b"\x12" + _varint(struct.calcsize("<" + body))
+    return struct.Struct(f"<{len(head)}s{body}").pack, head, name
+
+
+_PHASE_FORMS: Final = _Cache(_phase_form)
 _REQUEST_NAMES: Final = _Cache(lambda model: _field(b"\x2a", f"ModelInfer {model}".encode()) + _KIND_SERVER)
 _MODEL_ATTRIBUTES: Final = _Cache(lambda key: _ATTRIBUTES["model_name", key[0]] + _ATTRIBUTES["model_version", key[1]])
 _REQUEST_TAILS: Final = _Cache(_request_tail)
@@ -297,6 +324,7 @@ class Tracing(Observer):
     def __init__(self, provider: Any, exporter: Any, scope: Any,
                  post: Callable[[bytes, int], None] | None = None) -> None:
         from opentelemetry import context, trace
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
@@ -311,6 +339,7 @@ class Tracing(Observer):
         self._api = (context, trace, trace.SpanKind.SERVER, trace.SpanContext, flags, trace.NonRecordingSpan)
         self._trace_flags = trace.TraceFlags
         self.fixed = fixed_decisions(self.sampler)
+        self._random_ids = type(self.ids) is RandomIdGenerator
         # The OTLP exporter's transport, taking an encoded export request and its span count; None: the exporter
         # takes ReadableSpans.
         self.post = post
@@ -442,17 +471,16 @@ class Tracing(Observer):
         pack = _TIMES.pack
         body += (_REQUEST_NAMES[finished.model] + pack(0x39, finished.start_ns, 0x41, finished.end_ns)
                  + _MODEL_ATTRIBUTES[finished.model, finished.version]
-                 + _attribute(("request_id", finished.request_id))
+                 + _request_id(finished.request_id)
                  + _REQUEST_TAILS[finished.transport, finished.status, finished.message, traced.remote])
         out = [b"\x12", _varint(len(body)), body]
-        # A phase: its length and ids up to its own span id, its span id, its parent and name, its times, its tail.
+        # A phase: its length and trace id field, its span id, its parent, then its name, times and tail.
         parent = state_field + b"\x22\x08" + span_id
-        names, offset = _PHASES, finished.offset
-        size = len(common) + 8 + len(parent) + _TIMES.size + len(_PHASE_TAIL)
+        offset, forms, size = finished.offset, _PHASE_FORMS, len(parent)
         for phase, start, end in finished.phases:
-            name = names[phase]
-            out += (b"\x12", _varint(size + len(name)), common, next(ids).to_bytes(8, "big"), parent, name,
-                    pack(0x39, start + offset, 0x41, end + offset), _PHASE_TAIL)
+            pack_phase, head, name = forms[phase, size]
+            out.append(pack_phase(head, common, next(ids).to_bytes(8, "big"), parent, name, 0x39,
+                                  start + offset, 0x41, end + offset, _PHASE_TAIL))
         return b"".join(out)
 
     def _run(self) -> None:
@@ -465,12 +493,21 @@ class Tracing(Observer):
             if stopping:
                 return
 
+    def span_ids(self, count: int) -> Iterator[int]:
+        """`count` span ids from the configured id generator. The SDK's default one draws each id as 64 random
+        bits of the `random` module, not zero: they are drawn here at once, alike."""
+        if self._random_ids and count:
+            drawn = struct.unpack(f">{count}Q", random.randbytes(8 * count))
+            if 0 not in drawn:
+                return iter(drawn)
+        return iter(self.ids.generate_span_id, None)
+
     def flush(self, at_least: int = 1) -> None:
         """Export what is queued, while `at_least` requests are, in batches of `batch_size` requests at most."""
         queue = self.queue
-        ids = iter(self.ids.generate_span_id, None)  # the phases' span ids
         while len(queue) >= at_least:
             batch = [queue.popleft() for _ in range(min(len(queue), self.batch_size))]
+            ids = self.span_ids(sum(len(finished.phases) for finished in batch))  # the phases' span ids
             try:
                 if self.post is not None and self.envelope is not None:
                     spans = b"".join([self.encoded(finished, ids) for finished in batch])
@@ -575,6 +612,39 @@ def _grpc_exporter() -> Any:
     return GrpcExporter()
 
 
+def _http_exporter() -> Any:
+    """The OTLP/HTTP exporter. Its default transport (`requests`) reads the environment's proxy and .netrc settings
+    again at each export, and costs about twice the exporter's own `urllib3` transport per export. Where none of
+    those settings can apply (a plain-HTTP endpoint that no proxy variable and no .netrc entry covers, no credential
+    provider's session), the exporter takes its urllib3 transport; otherwise, or where this exporter's version
+    has no such transport, it keeps its default."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    exporter = OTLPSpanExporter()
+    if not _settings_cannot_apply(str(getattr(exporter, "_endpoint", ""))):
+        return exporter
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+
+        lean = OTLPSpanExporter(_transport=Urllib3HTTPTransport())  # type: ignore[call-arg,unused-ignore]
+    except (ImportError, TypeError):  # an exporter without pluggable transports
+        return exporter
+    exporter.shutdown()  # type: ignore[no-untyped-call,unused-ignore]
+    return lean
+
+
+def _settings_cannot_apply(endpoint: str) -> bool:
+    """Whether requests would send to `endpoint` as is: plain HTTP, no proxy for it (requests' own reading of
+    the proxy variables and no_proxy), no .netrc credentials for its host, no credential provider's session."""
+    import requests.utils
+
+    if not endpoint.startswith("http://"):
+        return False  # HTTPS: requests' CA bundle (REQUESTS_CA_BUNDLE, certifi) is its own
+    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP{kind}_CREDENTIAL_PROVIDER") for kind in ("", "_TRACES")):
+        return False
+    return not requests.utils.get_environ_proxies(endpoint) and requests.utils.get_netrc_auth(endpoint) is None
+
+
 def configure(service_name: str) -> Tracing | None:
     """The tracing observer the environment asks for, or None when tracing is off."""
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
@@ -598,9 +668,7 @@ def configure(service_name: str) -> Tracing | None:
         if protocol == "grpc":
             exporter = _grpc_exporter()
         elif protocol == "http/protobuf":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-            exporter = HttpExporter()
+            exporter = _http_exporter()
         else:
             raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use http/protobuf or grpc")
     else:
@@ -611,5 +679,7 @@ def configure(service_name: str) -> Tracing | None:
     trace.set_tracer_provider(provider)
     scope = InstrumentationScope(_SCOPE)  # what provider.get_tracer(_SCOPE) would have
     tracing = Tracing(provider, exporter, scope, _otlp_post(exporter, protocol) if protocol else None)
-    log.info("tracing on: %s exporter%s", exporter_name, f" ({protocol})" if protocol else "")
+    client = getattr(getattr(exporter, "_client", None), "_transport", None)
+    sending = f", {type(client).__name__}" if protocol == "http/protobuf" and client is not None else ""
+    log.info("tracing on: %s exporter%s", exporter_name, f" ({protocol}{sending})" if protocol else "")
     return tracing
