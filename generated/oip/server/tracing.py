@@ -118,6 +118,10 @@ class _Finished(NamedTuple):
     offset: int  # that clock + offset = nanoseconds since the epoch
 
 
+# Makes a _Finished from a tuple of its fields: what its constructor does, without its Python-level call.
+_new_finished: Final[Callable[[type[_Finished], tuple[Any, ...]], _Finished]] = tuple.__new__
+
+
 class OtlpSpan(NamedTuple):
     """One span, ready to encode: what OTLP carries of a span of ours."""
 
@@ -373,11 +377,10 @@ class Tracing(Observer):
             random_flag = parent_context.trace_flags & self._random_flag if self._random_flag else 0
         else:
             trace_id, parent_id, remote, random_flag = self.ids.generate_trace_id(), 0, False, self._random_flag
-        name = f"ModelInfer {model}"
         fixed = self.fixed
         if fixed is None:
             result = self.sampler.should_sample(
-                parent if parent is not None else previous, trace_id, name, server,
+                parent if parent is not None else previous, trace_id, f"ModelInfer {model}", server,
                 {"model_name": model, "model_version": version, "request_id": timer.request_id})
             sampled, trace_state = result.decision.is_sampled(), result.trace_state
         else:  # the sampler's answer without asking it: its decision for this kind of parent, the parent's state
@@ -423,15 +426,14 @@ class Tracing(Observer):
         error = record.error
         status, message = ("OK", "") if error is None else (error.kind.name, error.message[:200])
         marks, offset = record.marks  # made into spans by the background thread
-        self.queue.append(_Finished(
+        self.queue.append(_new_finished(_Finished, (
             traced, record.model, record.version, record.request_id, record.state.get("transport", ""), status,
             message, record.start_ns, record.start_ns + record.total_ns, marks, offset,
-        ))
+        )))
         if len(self.queue) >= self.batch_size and not self._wake.is_set():
             self._wake.set()
 
-    def request_ran_alone(self, record: InferenceRecord) -> None:
-        self.request_finished(record)  # a model run is nothing to trace
+    request_ran_alone = request_finished  # a model run is nothing to trace
 
     # --- the background thread --------------------------------------------------------------------------------------
 
