@@ -652,6 +652,62 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
     assert sum(count for _, count in posted) == 14  # what was queued left at the stop
 
 
+@pytest.mark.parametrize("generator", ["default", "counting"])
+def test_the_phase_spans_take_their_ids_from_the_configured_generator(generator: str) -> None:
+    """The phases' span ids come from the tracer provider's id generator: the SDK's default one's are drawn at
+    once (64 random bits each, never zero, all different here), any other's are asked one by one."""
+    from oip.server import tracing
+    from oip.server.timing import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    class Counting(IdGenerator):
+        def __init__(self) -> None:
+            self.given = 0
+
+        def generate_span_id(self) -> int:
+            self.given += 1
+            return 0x1000 + self.given
+
+        def generate_trace_id(self) -> int:
+            return 0xABC
+
+    ids: IdGenerator = RandomIdGenerator() if generator == "default" else Counting()
+    posted: list[bytes] = []
+    observer = tracing.Tracing(TracerProvider(id_generator=ids), None, InstrumentationScope("oip.server"),
+                               lambda payload, count: posted.append(payload))
+    try:
+        for i in range(30):
+            timer = Timer(f"request-{i}", None, "rest")
+            observer.request_started(timer, "simple", "1")
+            for phase in (QUEUE, COMPUTE_INFER, COMPUTE_OUTPUT):
+                timer.enter(phase)
+            observer.request_finished(timer.record("simple", "1", 1))
+        observer.flush()
+    finally:
+        observer.shutdown()
+    spans = [span for payload in posted
+             for span in trace_service_pb2.ExportTraceServiceRequest.FromString(payload).resource_spans[0]
+             .scope_spans[0].spans]
+    requests = [span for span in spans if span.name == "ModelInfer simple"]
+    phases = [span for span in spans if span.name != "ModelInfer simple"]
+    assert len(requests) == 30 and len(phases) == 120
+    phase_ids = [int.from_bytes(span.span_id, "big") for span in phases]
+    request_ids = [int.from_bytes(span.span_id, "big") for span in requests]
+    if generator == "counting":  # each request's own id, then its phases' at the export: 0x1001..0x101e, then
+        assert request_ids == [0x1001 + i for i in range(30)]
+        assert phase_ids == [0x1001 + 30 + i for i in range(120)]
+    else:
+        assert 0 not in phase_ids and len(set(phase_ids + request_ids)) == 150
+        assert all(len(span.span_id) == 8 for span in spans)
+        assert max(phase_ids) >= 2**60  # 64-bit ids, not small numbers
+    for request in requests:
+        children = [span for span in phases if span.parent_span_id == request.span_id]
+        assert [span.name for span in children] == ["compute_input", "queue", "compute_infer", "compute_output"]
+        assert all(span.trace_id == request.trace_id for span in children)
+
+
 def test_a_grpc_thread_forgets_the_request_it_served(repository: Path, tmp_path: Path) -> None:
     """A gRPC thread serves one call after another: what a request made current there (its timer, its trace
     context) must not be current in the next call. (grpcio runs each call of its thread pool server in a context
