@@ -30,6 +30,7 @@ Routes only decode, call the data plane and encode; every rule of the protocol l
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -126,8 +127,10 @@ class OipApp(FastAPI):
     """
 
     fast_routes: tuple[tuple[str, re.Pattern[str], Handler], ...] = ()
-    # Told about every answered request (metrics, access log): scope, status, bytes sent, start (perf_counter_ns).
-    observe: Callable[[Scope, int, int, int], None] | None = None
+    # Told about every answered request: `count` (metrics) its operation and status; `log` (the access log) its
+    # scope, status, bytes sent and start (perf_counter_ns).
+    count: Callable[[str, int], None] | None = None
+    log: Callable[[Scope, int, int, int], None] | None = None
     document: dict[str, Any] = DOCUMENT
 
     def openapi(self) -> dict[str, Any]:
@@ -137,14 +140,14 @@ class OipApp(FastAPI):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        observe = self.observe
-        start = time.perf_counter_ns() if observe is not None else 0
+        count, log = self.count, self.log
+        start = time.perf_counter_ns() if log is not None else 0
         if not self.root_path:
             method, path = scope["method"], scope["path"]
             for route_method, pattern, handler in self.fast_routes:
                 match = pattern.fullmatch(path) if method == route_method else None
                 if match is not None:
-                    # The handler answers every error itself with a whole body: what the observer is told is the
+                    # The handler answers every error itself with a whole body: what is counted and logged is the
                     # response's status and body, without watching the messages go out.
                     scope["app"] = self
                     scope["path_params"] = match.groupdict()
@@ -161,10 +164,12 @@ class OipApp(FastAPI):
                             await send({"type": "http.response.body", "body": response.body})
                             sent = len(response.body)
                     finally:
-                        if observe is not None:
-                            observe(scope, status, sent, start)
+                        if count is not None:
+                            count(scope.get("oip_operation") or "unknown", status)
+                        if log is not None:
+                            log(scope, status, sent, start)
                     return
-        if observe is None:
+        if count is None and log is None:
             await super().__call__(scope, receive, send)
             return
         answer = [0, 0]  # status, body bytes
@@ -179,7 +184,10 @@ class OipApp(FastAPI):
         try:
             await super().__call__(scope, receive, sending)
         finally:
-            observe(scope, answer[0], answer[1], start)
+            if count is not None:
+                count(scope.get("oip_operation") or "unknown", answer[0])
+            if log is not None:
+                log(scope, answer[0], answer[1], start)
 
 
 def _path_pattern(path: str) -> re.Pattern[str]:
@@ -237,7 +245,8 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
             return Response(render(await families()), media_type=CONTENT_TYPE)
 
         app.add_route("/metrics", serve_metrics, methods=["GET"], include_in_schema=False)
-    app.observe = _observer(metrics if settings.metrics else None, settings.access_log)
+        app.count = functools.partial(metrics.count, "rest")
+    app.log = _access_log if settings.access_log else None
 
     every: list[Endpoint | RestOnlyEndpoint] = [*ENDPOINTS, *REST_ONLY_ENDPOINTS]
     for endpoint in sorted(every, key=_route_order):
@@ -287,31 +296,22 @@ async def openapi_document(dataplane: DataPlaneBase, base: dict[str, Any] = DOCU
     return await asyncio.to_thread(model_document, models, base)
 
 
-def _observer(metrics: Any, log_access: bool) -> Callable[[Scope, int, int, int], None] | None:
-    """What counts and logs each answered request (None when neither is on)."""
-    if metrics is None and not log_access:
-        return None
-
-    def observe(scope: Scope, status: int, sent: int, start: int) -> None:
-        operation = scope.get("oip_operation") or "unknown"
-        if metrics is not None:
-            metrics.count("rest", operation, str(status))
-        if log_access:
-            duration_ms = (time.perf_counter_ns() - start) / 1e6
-            received = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"0").decode()
-            client = scope.get("client") or ("", 0)
-            path = scope.get("path", "")
-            access_log.info(
-                '%s "%s %s" %d %.3f ms %s bytes in, %d bytes out', client[0], scope.get("method"), path, status,
-                duration_ms, received, sent,
-                extra={"access": {
-                    "transport": "rest", "operation": operation, "method": scope.get("method"), "path": path,
-                    "status": status, "duration_ms": round(duration_ms, 3), "request_bytes": int(received or 0),
-                    "response_bytes": sent, "client": client[0],
-                }},
-            )
-
-    return observe
+def _access_log(scope: Scope, status: int, sent: int, start: int) -> None:
+    """The access log's line of an answered request (`--access-log`)."""
+    duration_ms = (time.perf_counter_ns() - start) / 1e6
+    received = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"0").decode()
+    client = scope.get("client") or ("", 0)
+    path = scope.get("path", "")
+    operation = scope.get("oip_operation") or "unknown"
+    access_log.info(
+        '%s "%s %s" %d %.3f ms %s bytes in, %d bytes out', client[0], scope.get("method"), path, status,
+        duration_ms, received, sent,
+        extra={"access": {
+            "transport": "rest", "operation": operation, "method": scope.get("method"), "path": path,
+            "status": status, "duration_ms": round(duration_ms, 3), "request_bytes": int(received or 0),
+            "response_bytes": sent, "client": client[0],
+        }},
+    )
 
 
 def published_document(extensions: list[str] | None) -> dict[str, Any]:

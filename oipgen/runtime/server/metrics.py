@@ -19,7 +19,9 @@ Served at `GET /metrics` on the REST port (and on `--metrics-port` if set) in Pr
 
 The exposition is written here rather than by prometheus_client: Triton's counters are named without the
 `_total` suffix that prometheus_client adds to every counter, and dashboards built for Triton query those names.
-Counting costs the hot path a few dictionary updates and one histogram observation per request. With
+A request costs the hot path two dictionary updates in the calling thread's own counts (its start, its
+answer) and no lock of the metrics: its end and its duration's bucket are counted by the statistics, under the
+lock they take anyway, and the scrape reads pending requests as started less finished. With
 `--workers N` a scrape answered by any worker is the sum over the workers: it asks the others for their samples
 (`cluster`) and adds them up, sample by sample (a gauge is summed too).
 """
@@ -144,11 +146,16 @@ class _Histogram:
         self.data: dict[Labels, list[float]] = {}  # per labels: one count per bound, +Inf, sum
 
     def observe(self, labels: Labels, value: float) -> None:
+        row = self.row(labels)
+        row[bisect.bisect_left(self.bounds, value)] += 1
+        row[-1] += value
+
+    def row(self, labels: Labels) -> list[float]:
+        """The counts of `labels` (made all zero on first use), updated in place: one per bound, +Inf, the sum."""
         row = self.data.get(labels)
         if row is None:
             row = self.data[labels] = [0.0] * (len(self.bounds) + 2)
-        row[bisect.bisect_left(self.bounds, value)] += 1
-        row[-1] += value
+        return row
 
     def family(self) -> Family:
         family = Family(self.name, "histogram", self.help)
@@ -178,66 +185,146 @@ _COUNTERS: Final = (
 )
 
 
+class _Shard:
+    """One thread's counts: only that thread adds to them (no lock); a scrape adds up every thread's."""
+
+    __slots__ = ("requests", "started", "thread")
+
+    def __init__(self, thread: threading.Thread) -> None:
+        self.thread = thread
+        self.requests: dict[tuple[str, str, str | int], int] = {}  # (transport, operation, code): answers
+        self.started: dict[tuple[str, str], int] = {}  # (model, version): requests started
+
+    def fold(self, into: _Shard) -> None:
+        """Add these counts to `into`'s (safe while this thread counts on: each dictionary is read in one step)."""
+        requests, started = into.requests, into.started
+        for key, n in list(self.requests.items()):
+            requests[key] = requests.get(key, 0) + n
+        for model, n in list(self.started.items()):
+            started[model] = started.get(model, 0) + n
+
+
 class Metrics(Observer):
-    """The server's metrics: an observer of the inference timer, and the counts the transports report."""
+    """The server's metrics: an observer of the inference timer, and the counts the transports report.
+
+    A request costs the hot path little, and takes no lock of the metrics: each thread counts in its own
+    dictionaries (`_Shard`), a scrape adds them up. The request's start is counted here; its end, and its duration
+    in the latency histogram, by the statistics (`Statistics.keep_durations`), under the lock they take anyway;
+    a transport counts its answer (`count`). The pending requests of a model version are those started less
+    those the statistics counted as finished. Labels are made at scrape time.
+    """
 
     def __init__(self, statistics: Statistics, buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
         self.statistics = statistics
-        self.pending: dict[Labels, int] = {}
         self.failures: dict[tuple[Labels, str], int] = {}
-        self.requests: dict[tuple[str, str, str], int] = {}
-        self._lock = threading.Lock()  # the gRPC server's threads count and observe too
-        self.duration = _Histogram(
-            "nv_inference_request_duration_seconds", "Inference request duration in seconds (successful requests)",
-            buckets,
-        )
+        self._lock = threading.Lock()  # failures, first responses, the list of shards
+        self._local = threading.local()  # .shard: this thread's
+        self._shards: list[_Shard] = []
+        self._ended = _Shard(threading.current_thread())  # the counts of threads that ended
+        self._bounds = statistics.keep_durations(buckets)
         self.first_response = _Histogram(
             "nv_inference_first_response_histogram_ms",
             "Duration from request to the first response of a decoupled model, in milliseconds",
             [b * 1000.0 for b in buckets],
         )
 
+    def _shard(self) -> _Shard:
+        """This thread's counts, made on its first count."""
+        shard = self._local.shard = _Shard(threading.current_thread())
+        with self._lock:
+            self._shards.append(shard)
+        return shard
+
+    def _totals(self) -> _Shard:
+        """Every thread's counts added up (the counts of threads that ended are kept in one)."""
+        with self._lock:
+            live = []
+            for shard in self._shards:
+                if shard.thread.is_alive():
+                    live.append(shard)
+                else:  # it counts no more
+                    shard.fold(self._ended)
+            self._shards = live
+            total = _Shard(self._ended.thread)
+            self._ended.fold(total)
+        for shard in live:
+            shard.fold(total)
+        return total
+
+    @property
+    def requests(self) -> dict[tuple[str, str, str], int]:
+        """Answered requests, by (transport, operation, code): the HTTP status or gRPC code's name."""
+        counted: dict[tuple[str, str, str], int] = {}
+        for (transport, operation, code), n in self._totals().requests.items():
+            key = (transport, operation, str(code))
+            counted[key] = counted.get(key, 0) + n
+        return counted
+
+    @property
+    def duration(self) -> _Histogram:
+        """The histogram of successful request durations, in seconds, as the statistics keep it."""
+        histogram = _Histogram("nv_inference_request_duration_seconds",
+                               "Inference request duration in seconds (successful requests)", self._bounds)
+        for (model, version), row in self.statistics.durations().items():
+            histogram.data[(("model", model), ("version", version))] = row
+        return histogram
+
+    @property
+    def pending(self) -> dict[Labels, int]:
+        """The requests of each model version that started and did not finish yet, by labels."""
+        stats = self.statistics.snapshot()  # first: every request finished by then had started before the count
+        pending: dict[Labels, int] = {}
+        for (model, version), n in self._totals().started.items():
+            values = stats.get((model, version))
+            finished = values["success"][0] + values["fail"][0] if values is not None else 0
+            pending[(("model", model), ("version", version))] = n - finished
+        return pending
+
     # --- the inference timer ------------------------------------------------------------------------------------
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
-        self.started((("model", model), ("version", version)))
+        try:
+            started = self._local.shard.started
+        except AttributeError:
+            started = self._shard().started
+        key = (model, version)
+        started[key] = started.get(key, 0) + 1
 
     def started(self, key: Labels) -> None:
         """A request to the model version of `key` (its labels) started: one more pending."""
-        with self._lock:
-            self.pending[key] = self.pending.get(key, 0) + 1
+        self.request_started(None, key[0][1], key[1][1])  # type: ignore[arg-type]  # no timer: unused
 
     def request_finished(self, record: InferenceRecord) -> None:
-        key = (("model", record.model), ("version", record.version))
-        if record.error is None and record.first_response_ns is None:
-            self.succeeded(key, record.total_ns)
-            return
-        with self._lock:
-            self.pending[key] = self.pending.get(key, 1) - 1
-            if record.error is not None:
-                failure = (key, REASONS.get(record.error.kind, "OTHER"))
+        # The statistics count the request's end and its duration; what they do not tell is counted here.
+        if record.error is not None:
+            failure = ((("model", record.model), ("version", record.version)),
+                       REASONS.get(record.error.kind, "OTHER"))
+            with self._lock:
                 self.failures[failure] = self.failures.get(failure, 0) + 1
-                return
-            self.duration.observe(key, record.total_ns / 1e9)
-            if record.first_response_ns is not None:
-                self.first_response.observe(key, record.first_response_ns / 1e6)
+        elif record.first_response_ns is not None:
+            with self._lock:
+                self.first_response.observe((("model", record.model), ("version", record.version)),
+                                            record.first_response_ns / 1e6)
 
     def succeeded(self, key: Labels, total_ns: int) -> None:
-        """A request to the model version of `key` succeeded after `total_ns` with one response."""
-        with self._lock:
-            self.pending[key] = self.pending.get(key, 1) - 1
-            self.duration.observe(key, total_ns / 1e9)
+        """A request to the model version of `key` succeeded after `total_ns` with one response: nothing to add
+        (the statistics count it, and its duration)."""
 
     def request_ran_alone(self, record: InferenceRecord) -> None:
-        self.request_finished(record)  # model runs are not counted here (nv_inference_exec_count: the statistics)
+        # Model runs are not counted here (nv_inference_exec_count: the statistics), nor a plain success.
+        if record.first_response_ns is not None:
+            self.request_finished(record)
 
     # --- the transports -----------------------------------------------------------------------------------------
 
-    def count(self, transport: str, operation: str, code: str) -> None:
+    def count(self, transport: str, operation: str, code: str | int) -> None:
         """One answered request of `operation` over `transport` (rest, grpc), with its HTTP status or gRPC code."""
+        try:
+            requests = self._local.shard.requests
+        except AttributeError:
+            requests = self._shard().requests
         key = (transport, operation, code)
-        with self._lock:
-            self.requests[key] = self.requests.get(key, 0) + 1
+        requests[key] = requests.get(key, 0) + 1
 
     # --- a scrape -----------------------------------------------------------------------------------------------
 
@@ -259,9 +346,11 @@ class Metrics(Observer):
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
                 labels: Labels = (("model", model), ("version", version), ("reason", reason))
                 failure.add("nv_inference_request_failure", labels, 0.0)
+        pendings = list(self.pending.items())
+        families_of_histograms = [self.duration.family()]
         with self._lock:
-            failures, pendings = list(self.failures.items()), list(self.pending.items())
-            families_of_histograms = [self.duration.family(), self.first_response.family()]
+            failures = list(self.failures.items())
+            families_of_histograms.append(self.first_response.family())
         for (labels, reason), n in failures:
             failure.add("nv_inference_request_failure", (*labels, ("reason", reason)), float(n))
         families.append(failure)
@@ -274,9 +363,7 @@ class Metrics(Observer):
         families.append(pending)
         families += families_of_histograms
         requests = Family("oip_requests_total", "counter", "Requests answered, by transport, operation and answer")
-        with self._lock:
-            counted = list(self.requests.items())
-        for (transport, operation, code), n in counted:
+        for (transport, operation, code), n in self.requests.items():
             labels = (("code", code), ("operation", operation), ("transport", transport))
             requests.add("oip_requests_total", labels, float(n))
         families.append(requests)

@@ -16,12 +16,18 @@ batch when requests are batched) with `record_execution`. The counters follow Tr
 
 Counters only grow while the server runs (they survive a model reload). Every update takes a lock, so recording
 from worker threads is safe.
+
+With metrics on, each model version also keeps the histogram of its successful requests' durations in seconds
+(`Statistics.keep_durations`, `ModelStats.durations`): counted with `success` under the same lock, so the metrics'
+latency histogram (`metrics.Metrics`) costs a request no call of its own and always agrees with the statistics.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,11 +65,11 @@ class ModelStats:
     """The statistics of one model version."""
 
     __slots__ = (
-        "_lock", "batches", "compute_infer", "compute_input", "compute_output", "execution_count", "fail",
-        "inference_count", "last_inference", "name", "queue", "success", "version",
+        "_lock", "batches", "bounds", "compute_infer", "compute_input", "compute_output", "durations",
+        "execution_count", "fail", "inference_count", "last_inference", "name", "queue", "success", "version",
     )
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, bounds: Sequence[float] | None = None) -> None:
         self.name = name
         self.version = version
         self.success = Duration()
@@ -76,6 +82,10 @@ class ModelStats:
         self.execution_count = 0
         self.last_inference = 0  # ms since the Unix epoch; 0: never
         self.batches: dict[int, BatchStats] = {}
+        # The histogram of successful requests' durations (seconds) when `bounds` (sorted upper bounds) are given:
+        # a count per bound, one for +Inf, then the sum; made on the first success.
+        self.bounds = bounds
+        self.durations: list[float] | None = None
         self._lock = threading.Lock()
 
     def record_request(
@@ -135,6 +145,14 @@ class ModelStats:
         self.inference_count += batch_size
         if now_ms > self.last_inference:
             self.last_inference = now_ms
+        bounds = self.bounds
+        if bounds is not None:
+            seconds = total_ns / 1e9
+            durations = self.durations
+            if durations is None:
+                durations = self.durations = [0.0] * (len(bounds) + 2)
+            durations[bisect.bisect_left(bounds, seconds)] += 1
+            durations[-1] += seconds
 
     def _add_execution(self, batch_size: int, compute_input_ns: int, compute_infer_ns: int,
                        compute_output_ns: int) -> None:
@@ -194,13 +212,24 @@ class Statistics(Observer):
     def __init__(self) -> None:
         self._models: dict[tuple[str, str], ModelStats] = {}
         self._lock = threading.Lock()
+        self._bounds: list[float] | None = None
+
+    def keep_durations(self, buckets: Sequence[float]) -> list[float]:
+        """From now on, keep each model version's histogram of successful request durations, in seconds, with
+        these bucket bounds; returns them sorted (without duplicates), as `ModelStats.durations` counts them."""
+        with self._lock:
+            self._bounds = sorted(set(buckets))
+            for stats in self._models.values():
+                with stats._lock:
+                    stats.bounds, stats.durations = self._bounds, None
+            return self._bounds
 
     def for_model(self, name: str, version: str) -> ModelStats:
         """The statistics of `name` at `version`, created (all zero) on first use."""
         stats = self._models.get((name, version))
         if stats is None:
             with self._lock:
-                stats = self._models.setdefault((name, version), ModelStats(name, version))
+                stats = self._models.setdefault((name, version), ModelStats(name, version, self._bounds))
         return stats
 
     def get(self, name: str, version: str) -> ModelStats | None:
@@ -221,6 +250,18 @@ class Statistics(Observer):
                 }
                 out[key]["inference_count"] = stats.inference_count
                 out[key]["execution_count"] = stats.execution_count
+        return out
+
+    def durations(self) -> dict[tuple[str, str], list[float]]:
+        """A copy of every kept histogram of request durations (`keep_durations`), by (name, version): a model
+        version with no successful request yet has none."""
+        with self._lock:
+            models = list(self._models.items())
+        out: dict[tuple[str, str], list[float]] = {}
+        for key, stats in models:
+            with stats._lock:
+                if stats.durations is not None:
+                    out[key] = list(stats.durations)
         return out
 
     def to_proto(self, name: str, version: str) -> pb.ModelStatistics:

@@ -1,0 +1,177 @@
+"""The metrics' bookkeeping, in process (`oip.server.metrics.Metrics`): what a scrape reads must be exactly what
+happened, however it is counted on the hot path. Requests go through the REST app (ASGI, no sockets).
+
+- Pending requests are those started less those the statistics counted as finished: a request in flight counts,
+  queued or running, and stops counting when it ends, failed or not.
+- Each thread counts in its own dictionaries: counts of many threads, some ended, scraped while they count, add up.
+- The latency histogram is the statistics' own: its count is the successes, its sum the records' durations, each
+  request in the bucket its duration falls in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+from oip.server import DataPlane, Model, ModelFailure, ModelRepository, Settings, TensorSpec
+from oip.server.metrics import Family
+from oip.server.rest import create_app
+from oip.server.timing import InferenceRecord, Observer
+
+TIMEOUT = 30.0
+KEY = (("model", "gate"), ("version", "1"))
+
+
+class Gate(Model):
+    """FP32 [-1] in and out; each request waits until the test opens the gate, and fails if its input is < 0."""
+
+    name = "gate"
+    inputs = (TensorSpec("IN", "FP32", [-1]),)
+    outputs = (TensorSpec("OUT", "FP32", [-1]),)
+
+    def __init__(self) -> None:
+        super().__init__(self.name)
+        self.open = threading.Event()
+
+    def infer(self, inputs: dict[str, Any], parameters: dict[str, Any]) -> Any:
+        if not self.open.wait(TIMEOUT):
+            raise ModelFailure("the gate never opened")
+        if float(inputs["IN"][0]) < 0:
+            raise ModelFailure("asked to fail")
+        return {"OUT": inputs["IN"]}
+
+
+class Recording(Observer):
+    def __init__(self) -> None:
+        self.requests: list[InferenceRecord] = []
+
+    def request_finished(self, record: InferenceRecord) -> None:
+        self.requests.append(record)
+
+
+def plane(model: Model, **settings: Any) -> DataPlane:
+    repository = ModelRepository()
+    repository.add(model)
+    asyncio.run(repository.load_all())
+    return DataPlane(repository, Settings(**settings))
+
+
+def body(x: float) -> dict[str, Any]:
+    return {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [x]}]}
+
+
+def samples(families: list[Family], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: v for f in families for (sample, labels), v in f.samples.items() if sample == name}
+
+
+@pytest.mark.parametrize("model_threads", [1, 4])  # queued for a model thread, or running
+def test_pending_counts_the_requests_in_flight(model_threads: int) -> None:
+    gate = Gate()
+    dp = plane(gate, model_threads=model_threads)
+    metrics = dp.metrics
+    assert metrics is not None
+    app = create_app(dp, dp.settings)
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            calls = [asyncio.create_task(http.post("/v2/models/gate/infer", json=body(x))) for x in (1, 2, -1)]
+            deadline = time.monotonic() + TIMEOUT
+            while metrics.pending.get(KEY) != 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            during = metrics.pending.get(KEY)
+            gauge = samples(metrics.families(), "nv_inference_pending_request_count")[KEY]
+            assert during == gauge == 3
+            gate.open.set()
+            answers = await asyncio.gather(*calls)
+        return [a.status_code for a in answers]
+
+    assert asyncio.run(main()) == [200, 200, 500]
+    assert metrics.pending[KEY] == 0
+    families = metrics.families()
+    assert samples(families, "nv_inference_pending_request_count")[KEY] == 0
+    assert samples(families, "nv_inference_request_failure")[(*KEY, ("reason", "BACKEND"))] == 1
+    assert samples(families, "nv_inference_request_success")[KEY] == 2
+    counted = samples(families, "oip_requests_total")
+    assert counted[(("code", "200"), ("operation", "model_infer"), ("transport", "rest"))] == 2
+    assert counted[(("code", "500"), ("operation", "model_infer"), ("transport", "rest"))] == 1
+
+
+def test_counts_of_many_threads_add_up_while_scraped() -> None:
+    dp = plane(Gate())
+    metrics = dp.metrics
+    assert metrics is not None
+    threads, per_thread = 8, 2000
+    go = threading.Event()
+
+    def count() -> None:
+        go.wait(TIMEOUT)
+        for i in range(per_thread):
+            metrics.count("grpc", "ModelInfer", "OK" if i % 2 else "NOT_FOUND")
+            metrics.started(KEY)
+
+    workers = [threading.Thread(target=count) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    go.set()
+    scraped = []
+    while any(worker.is_alive() for worker in workers):
+        scraped.append(samples(metrics.families(), "oip_requests_total"))  # while they count
+    for worker in workers:
+        worker.join(TIMEOUT)
+    ok = (("code", "OK"), ("operation", "ModelInfer"), ("transport", "grpc"))
+    assert all(later.get(ok, 0) >= earlier.get(ok, 0) for earlier, later in itertools.pairwise(scraped))
+    for _ in range(2):  # the ended threads' counts are kept
+        assert metrics.requests == {("grpc", "ModelInfer", "OK"): threads * per_thread // 2,
+                                    ("grpc", "ModelInfer", "NOT_FOUND"): threads * per_thread // 2}
+        assert metrics.pending == {KEY: threads * per_thread}  # started, none finished
+    metrics.count("rest", "model_infer", 200)  # this thread's count beside them
+    assert metrics.requests[("rest", "model_infer", "200")] == 1
+    assert sum(metrics.requests.values()) == threads * per_thread + 1
+
+
+def test_the_latency_histogram_is_the_statistics_own() -> None:
+    gate = Gate()
+    gate.open.set()
+    buckets = (0.0005, 0.001, 0.002, 0.01)
+    dp = plane(gate, metrics_buckets=buckets)
+    metrics = dp.metrics
+    assert metrics is not None
+    seen = Recording()
+    dp.observers.append(seen)
+    app = create_app(dp, dp.settings)
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            for x in [1.0] * 40 + [-1.0] * 3:
+                await http.post("/v2/models/gate/infer", json=body(x))
+
+    asyncio.run(main())
+    successes = [r for r in seen.requests if r.ok]
+    assert len(successes) == 40 and len(seen.requests) == 43
+    expected = [0] * (len(buckets) + 1)
+    total = 0.0
+    for record in successes:  # in the order the statistics added them: the same float sum
+        seconds = record.total_ns / 1e9
+        expected[bisect.bisect_left(buckets, seconds)] += 1
+        total += seconds
+    families = metrics.families()
+    stats = dp.statistics.to_proto("gate", "1").inference_stats
+    assert samples(families, "nv_inference_request_duration_seconds_count")[KEY] == stats.success.count == 40
+    assert samples(families, "nv_inference_request_duration_seconds_sum")[KEY] == total
+    assert sum(r.total_ns for r in successes) + sum(r.total_ns for r in seen.requests if not r.ok) == (
+        stats.success.ns + stats.fail.ns)
+    cumulative = samples(families, "nv_inference_request_duration_seconds_bucket")
+    running = 0
+    for bound, n in zip([*buckets, float("inf")], expected, strict=True):
+        running += n
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        assert cumulative[(*KEY, ("le", le))] == running, (le, cumulative)
+    assert sum(expected) == 40
