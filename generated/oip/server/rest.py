@@ -369,7 +369,7 @@ async def _read_body(request: Request, limit: int, *, view: bool = False) -> byt
     """The whole request body, refused (413) as soon as it is known to exceed `limit` bytes. With `view`, a large
     uncompressed body of a declared size is received into one buffer of that size as it arrives, and returned as a
     read-only view of it: the body is held once, never as its pieces and their concatenation at the same time."""
-    declared = request.headers.get("content-length")
+    declared = _header(request, b"content-length")
     size = None
     if declared is not None:
         try:
@@ -378,7 +378,7 @@ async def _read_body(request: Request, limit: int, *, view: bool = False) -> byt
             raise InvalidRequest(f"invalid Content-Length {declared!r}") from None
         if size > limit:
             raise TooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
-    encoding = request.headers.get("content-encoding", "").strip().lower()
+    encoding = (_header(request, b"content-encoding") or "").strip().lower()
     identity = encoding in ("", "identity")
     buffer = bytearray(size) if view and identity and size is not None and size >= _ONE_BUFFER_FROM else None
     chunks: list[bytes] = []
@@ -412,6 +412,17 @@ async def _read_body(request: Request, limit: int, *, view: bool = False) -> byt
 
 
 _ONE_BUFFER_FROM: Final = 1 << 16  # declared body bytes from which `_read_body(view=True)` fills one buffer
+_HEADER_LENGTH: Final = framing.HEADER_LENGTH.lower().encode("latin-1")
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    """The value of the request's header `name` (lowercase, as ASGI gives header names), None when it has none.
+    Read from the ASGI scope: Starlette's `Headers.get` raises and catches a KeyError for each absent header, and the
+    inference path asks for three that are mostly absent."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
 
 
 # Inflating a compressed body: in chunks of _INFLATE_CHUNK, keeping at most _INFLATE_KEEP inflated bytes while the
@@ -611,23 +622,27 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
         try:
             raw = await _read_body(request, settings.max_request_bytes, view=True)
             fields = {field: request.path_params[name] for name, field in endpoint.params}
-            if models is not None:
-                # The model the path names first (404 unknown, 503 not ready), whatever the body: the body's
-                # meaning depends on the model.
-                models.get(fields.get("model_name", ""), fields.get("model_version", ""))
-            header_length = request.headers.get(framing.HEADER_LENGTH)
-            if header_length is not None and not binary_enabled(settings):
-                raise Unimplemented(_NO_BINARY)
-            if header_length is not None and header_length.strip() == "0":
-                # The whole body is the data of the model's single input (the data plane gives it the input's
-                # declared shape); every output comes back binary.
-                infer_request = InferRequest(**fields, raw_input=raw)
-                listed: dict[str, bool] = {}
-                default_binary = True
-            else:
-                infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings)
-                for field, value in fields.items():
-                    setattr(infer_request, field, value)
+            header_length = _header(request, _HEADER_LENGTH)
+            try:
+                if header_length is not None and not binary_enabled(settings):
+                    raise Unimplemented(_NO_BINARY)
+                if header_length is not None and header_length.strip() == "0":
+                    # The whole body is the data of the model's single input (the data plane gives it the
+                    # input's declared shape); every output comes back binary.
+                    infer_request = InferRequest(**fields, raw_input=raw)
+                    listed: dict[str, bool] = {}
+                    default_binary = True
+                else:
+                    infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings)
+            except Exception:
+                if models is not None:
+                    # The model the path names first (404 unknown, 503 not ready), whatever the body: the
+                    # body's meaning depends on the model. A body that decodes goes on to the data plane, which
+                    # looks the model up before anything else.
+                    models.get(fields.get("model_name", ""), fields.get("model_version", ""))
+                raise
+            for field, value in fields.items():
+                setattr(infer_request, field, value)
             infer_request.transport = "rest"
             if settings.tracing:
                 infer_request.trace = carrier(request.headers.get)
