@@ -230,8 +230,6 @@ class UnaryInfer:
                 queue_ns=started - queued, compute_input_ns=queued - start, compute_infer_ns=ended - started,
                 compute_output_ns=done - ended, total_ns=done - start,
             )
-        if metrics is not None:
-            metrics.succeeded(plan.labels, done - start)
         if timer is not None and tracing is not None:
             marks = ((COMPUTE_INPUT, start, queued), (QUEUE, queued, started), (COMPUTE_INFER, started, ended),
                      (COMPUTE_OUTPUT, ended, done))

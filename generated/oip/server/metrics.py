@@ -310,10 +310,6 @@ class Metrics(Observer):
                 self.first_response.observe((("model", record.model), ("version", record.version)),
                                             record.first_response_ns / 1e6)
 
-    def succeeded(self, key: Labels, total_ns: int) -> None:
-        """A request to the model version of `key` succeeded after `total_ns` with one response: nothing to add
-        (the statistics count it, and its duration)."""
-
     def request_ran_alone(self, record: InferenceRecord) -> None:
         # Model runs are not counted here (nv_inference_exec_count: the statistics), nor a plain success.
         if record.first_response_ns is not None:

@@ -641,7 +641,7 @@ def _tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
                 setattr(infer_request, field, value)
             infer_request.transport = "rest"
             if settings.tracing:
-                infer_request.trace = carrier(request.headers.get)
+                infer_request.trace = carrier(lambda name: _header(request, name.encode("latin-1")))
             response = await call(infer_request)
             extensions = request.scope.get("extensions") or {}
             return encode_infer_response(response, listed, default_binary, parts=BUFFER_BODIES in extensions)
