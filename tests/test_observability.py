@@ -708,6 +708,34 @@ def test_the_phase_spans_take_their_ids_from_the_configured_generator(generator:
         assert all(span.trace_id == request.trace_id for span in children)
 
 
+def test_a_requests_own_span_context_is_what_the_api_makes() -> None:
+    """The request's own span context is built without the API's constructor only where that gives what the
+    constructor gives (fields, validity, type); for a `SpanContext` built otherwise, the constructor is used."""
+    import types
+
+    from oip.server import tracing
+    from opentelemetry import trace
+
+    make = tracing._own_span_context(trace)
+    flags, state = trace.TraceFlags, trace.TraceState([("k", "v")])
+    for trace_id, span_id in ((1, 1), (2**128 - 1, 2**64 - 1), (0, 7), (7, 0), (2**128, 7), (7, 2**64)):
+        for trace_flags, trace_state in ((flags(1), None), (flags(0), state)):
+            ours = make(trace_id, span_id, trace_flags, trace_state)
+            theirs = trace.SpanContext(trace_id, span_id, False, trace_flags, trace_state)
+            assert type(ours) is trace.SpanContext and ours == theirs
+            assert (ours.is_valid, ours.is_remote, ours.trace_state) == (theirs.is_valid, False, theirs.trace_state)
+
+    class Reordered(trace.SpanContext):  # a SpanContext whose fields are laid out otherwise
+        def __new__(cls, trace_id: int, span_id: int, is_remote: bool, trace_flags: Any = None,
+                    trace_state: Any = None) -> Reordered:
+            return tuple.__new__(cls, (span_id, trace_id, is_remote, trace_flags, trace_state, True))
+
+    other = types.SimpleNamespace(SpanContext=Reordered, DEFAULT_TRACE_STATE=trace.DEFAULT_TRACE_STATE,
+                                  TraceFlags=trace.TraceFlags, TraceState=trace.TraceState)
+    made = tracing._own_span_context(other)(3, 4, flags(1), None)
+    assert made == Reordered(3, 4, False, flags(1), None) and made[0] == 4
+
+
 def test_a_grpc_thread_forgets_the_request_it_served(repository: Path, tmp_path: Path) -> None:
     """A gRPC thread serves one call after another: what a request made current there (its timer, its trace
     context) must not be current in the next call. (grpcio runs each call of its thread pool server in a context

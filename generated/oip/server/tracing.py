@@ -340,7 +340,9 @@ class Tracing(Observer):
         random_flag = getattr(trace.TraceFlags, "RANDOM_TRACE_ID", 0)
         self._random_flag = random_flag if random_flag and provider.id_generator.is_trace_id_random() else 0
         flags = {bits: trace.TraceFlags(bits) for bits in {0, 1, self._random_flag, 1 | self._random_flag}}
-        self._api = (context, trace, trace.SpanKind.SERVER, trace.SpanContext, flags, trace.NonRecordingSpan)
+        self._api = (context, trace, trace.SpanKind.SERVER, _own_span_context(trace), flags, trace.NonRecordingSpan)
+        self._span_context = trace.SpanContext
+        self._last_seen: tuple[Any, Any] = (None, None)  # a context and the span context current in it
         self._trace_flags = trace.TraceFlags
         self.fixed = fixed_decisions(self.sampler)
         self._random_ids = type(self.ids) is RandomIdGenerator
@@ -363,7 +365,7 @@ class Tracing(Observer):
     # --- the request path: sample once, make the context current, queue plain values -----------------------------
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
-        context, trace, server, span_context, flags, non_recording = self._api
+        context, trace, server, make_context, flags, non_recording = self._api
         previous = context.get_current()  # what the sampler sees without a caller's context, and what comes back
         caller = timer.trace
         parent = parent_context = None
@@ -384,7 +386,13 @@ class Tracing(Observer):
                 {"model_name": model, "model_version": version, "request_id": timer.request_id})
             sampled, trace_state = result.decision.is_sampled(), result.trace_state
         else:  # the sampler's answer without asking it: its decision for this kind of parent, the parent's state
-            seen = parent_context if caller else trace.get_current_span(previous).get_span_context()
+            if caller:
+                seen = parent_context
+            else:  # the span current before the request's: contexts do not change, the last one's is kept
+                last, seen = self._last_seen
+                if last is not previous:
+                    seen = trace.get_current_span(previous).get_span_context()
+                    self._last_seen = (previous, seen)
             if seen is not None and seen.is_valid:
                 sampled = fixed[(1 if seen.is_remote else 3) + (0 if seen.trace_flags.sampled else 1)]
                 trace_state = seen.trace_state
@@ -392,7 +400,7 @@ class Tracing(Observer):
                 sampled, trace_state = fixed[0], None
         span_id = self.ids.generate_span_id()
         # The request's span context is the current one while it runs: a model's own spans are its children.
-        own = span_context(trace_id, span_id, False, flags[(1 if sampled else 0) | random_flag], trace_state)
+        own = make_context(trace_id, span_id, flags[(1 if sampled else 0) | random_flag], trace_state)
         context.attach(trace.set_span_in_context(non_recording(own), previous))
         timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, trace_state, previous)
 
@@ -409,7 +417,7 @@ class Tracing(Observer):
         trace_id, span_id, flags = int(match[1], 16), int(match[2], 16), int(match[3], 16)
         if not trace_id or not span_id:
             return None
-        return self._api[3](trace_id, span_id, True, self._trace_flags(flags), None)
+        return self._span_context(trace_id, span_id, True, self._trace_flags(flags), None)
 
     def request_finished(self, record: InferenceRecord) -> None:
         traced: _Traced | None = record.state.get(_STATE)
@@ -533,6 +541,32 @@ class Tracing(Observer):
             self.provider.shutdown()  # the SDK's processor of models' own spans, and the exporter
         except Exception:
             log.exception("the trace exporter failed to flush")
+
+
+def _own_span_context(trace: Any) -> Callable[[int, int, Any, Any], Any]:
+    """What makes a request's own span context (not remote) from its ids, flags and trace state: the API's
+    `SpanContext`, built as its constructor builds it (the tuple of its fields, validity computed) without the
+    constructor's Python-level call, where that gives what the constructor gives; the constructor otherwise."""
+    span_context, default_state = trace.SpanContext, trace.DEFAULT_TRACE_STATE
+    new = tuple.__new__
+
+    def made(trace_id: int, span_id: int, flags: Any, state: Any) -> Any:
+        valid = 0 < trace_id < 1 << 128 and 0 < span_id < 1 << 64
+        return new(span_context, (trace_id, span_id, False, flags, default_state if state is None else state, valid))
+
+    def constructed(trace_id: int, span_id: int, flags: Any, state: Any) -> Any:
+        return span_context(trace_id, span_id, False, flags, state)
+
+    flags, state = trace.TraceFlags, trace.TraceState([("vendor", "a")])
+    probes = [(1, 1, flags(1), None), ((1 << 128) - 1, (1 << 64) - 1, flags(0), state), (0, 5, flags(1), None),
+              (5, 1 << 64, flags(1), None), (1 << 128, 5, flags(1), state)]
+    for probe in probes:
+        ours, theirs = made(*probe), constructed(*probe)
+        if type(ours) is not type(theirs) or ours != theirs or (ours.trace_id, ours.span_id, ours.is_remote,
+                ours.trace_flags, ours.trace_state, ours.is_valid) != (theirs.trace_id, theirs.span_id,
+                theirs.is_remote, theirs.trace_flags, theirs.trace_state, theirs.is_valid):
+            return constructed
+    return made
 
 
 def fixed_decisions(sampler: Any) -> tuple[bool, bool, bool, bool, bool] | None:
