@@ -736,6 +736,58 @@ def test_a_requests_own_span_context_is_what_the_api_makes() -> None:
     assert made == Reordered(3, 4, False, flags(1), None) and made[0] == 4
 
 
+def test_the_running_request_is_current_without_attaching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a traced request runs, OpenTelemetry's current span is the request's although the request attached
+    nothing: a span started then is its child, and is current while it is; after the request, neither is. Where the
+    API's runtime context is another one, the request attaches its context instead, with the same result."""
+    import contextvars
+
+    from oip.server import tracing
+    from oip.server.timing import Timer, notify_started
+    from opentelemetry import context, trace
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    provider = TracerProvider()
+    tracer = provider.get_tracer("model")
+
+    def one_request(observer: tracing.Tracing) -> tuple[Any, ...]:
+        variable = context._RUNTIME_CONTEXT._current_context  # what attaching sets
+        before = variable.get()
+        timer = Timer("id", None, "rest")
+        notify_started((observer,), timer, "simple", "1")
+        traced = timer.state["otel"]
+        during = trace.get_current_span().get_span_context()
+        attached = variable.get() is not before
+        with tracer.start_as_current_span("own") as own:
+            inside = trace.get_current_span().get_span_context()
+        after_own = trace.get_current_span().get_span_context()
+        observer.request_finished(timer.record("simple", "1", 1))
+        after = trace.get_current_span().get_span_context()
+        return (during.span_id == traced.span_id and during.trace_id == traced.trace_id,
+                own.parent.span_id == traced.span_id, inside.span_id == own.get_span_context().span_id,
+                after_own.span_id == traced.span_id, after.is_valid, attached)
+
+    lazy = tracing.Tracing(provider, None, InstrumentationScope("oip.server"), lambda *sent: None)
+    try:
+        assert lazy.runtime is not None and context._RUNTIME_CONTEXT is lazy.runtime
+        assert contextvars.copy_context().run(one_request, lazy) == (True, True, True, True, False, False)
+    finally:
+        lazy.shutdown()
+
+    class Another(ContextVarsRuntimeContext):  # as OTEL_PYTHON_CONTEXT would choose one
+        pass
+
+    monkeypatch.setattr(context, "_RUNTIME_CONTEXT", Another())
+    attaching = tracing.Tracing(provider, None, InstrumentationScope("oip.server"), lambda *sent: None)
+    try:
+        assert attaching.runtime is None and type(context._RUNTIME_CONTEXT) is Another
+        assert contextvars.copy_context().run(one_request, attaching) == (True, True, True, True, False, True)
+    finally:
+        attaching.shutdown()
+
+
 def test_a_grpc_thread_forgets_the_request_it_served(repository: Path, tmp_path: Path) -> None:
     """A gRPC thread serves one call after another: what a request made current there (its timer, its trace
     context) must not be current in the next call. (grpcio runs each call of its thread pool server in a context
@@ -769,7 +821,7 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
     span gets (sampled or not, trace state) is what the sampler answers, for a root, a remote parent sampled or
     not (with a trace state), and a local parent sampled or not; any other sampler is asked."""
     from oip.server import tracing
-    from oip.server.timing import Timer
+    from oip.server.timing import Timer, notify_started
     from opentelemetry import context, trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import _KNOWN_SAMPLERS
@@ -791,7 +843,7 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
                 parent = observer.propagator.extract(caller) if caller else context.get_current()
                 expected = sampler.should_sample(parent, 1, "ModelInfer simple", trace.SpanKind.SERVER, {})
                 timer = Timer("id", caller, "grpc")
-                observer.request_started(timer, "simple", "1")
+                notify_started((observer,), timer, "simple", "1")  # as the pipeline starts a request
                 traced = timer.state["otel"]
                 assert traced.sampled == expected.decision.is_sampled(), (caller, current)
                 assert traced.trace_state == expected.trace_state, (caller, current)
@@ -799,6 +851,7 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
                 span = trace.get_current_span().get_span_context()
                 assert (span.span_id, span.trace_flags.sampled) == (traced.span_id, traced.sampled)
                 observer.request_finished(timer.record("simple", "1", 1))
+                assert trace.get_current_span().get_span_context() == (current or trace.INVALID_SPAN_CONTEXT)
             finally:
                 if token is not None:
                     context.detach(token)

@@ -52,7 +52,6 @@ from .timing import (
     QUEUE,
     InferenceRecord,
     Timer,
-    notify_request,
     notify_started,
     set_current,
 )
@@ -230,10 +229,8 @@ class UnaryInfer:
             marks = ((COMPUTE_INPUT, start, queued), (QUEUE, queued, started), (COMPUTE_INFER, started, ended),
                      (COMPUTE_OUTPUT, ended, done))
             offset = timer.start_unix - timer.start
-            notify_request((tracing,), InferenceRecord(
-                model.name, model.version, message.id, 1, None, started - queued, queued - start, ended - started,
-                done - ended, done - start, start + offset, marks, offset, None, timer.state,
-            ))
+            tracing.finished(timer.state, model.name, model.version, message.id, "OK", "", start + offset,
+                             done + offset, marks, offset)
         return reply
 
     @staticmethod

@@ -25,7 +25,8 @@ then: the caller's context is extracted (the SDK's W3C propagator; a plain trace
 propagator reads it, `plain_caller`), the SDK's configured sampler decides once per request (a sampler that only
 follows the parent's flags, as `always_on` and `parentbased_always_on` do, is not asked: its decision for each kind
 of parent is read once, `fixed_decisions`), the SDK's id generator gives the span id, and the request's span context
-is made current (the API's context). When the request finishes, its outcome and the timer's phase timestamps are
+is the API's current one (OpenTelemetry's runtime context sees the running request and makes its context only when
+asked for, `_request_runtime`). When the request finishes, its outcome and the timer's phase timestamps are
 queued as plain values. A background thread gives the children their ids, writes the spans' OTLP protobuf encoding
 (`encode`) and hands the batch to the standard OTLP exporter's transport (retries, headers, compression, TLS are the
 exporter's; over HTTP, the exporter's urllib3 transport where no proxy or .netrc setting applies, `_http_exporter`).
@@ -37,6 +38,8 @@ Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
 from __future__ import annotations
 
 import collections
+import contextvars
+import functools
 import logging
 import os
 import random
@@ -46,7 +49,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
-from .timing import InferenceRecord, Observer, Timer, current
+from .timing import InferenceRecord, Observer, Timer, current, set_current
 
 __all__ = [
     "TRACE_HEADERS", "OtlpSpan", "Tracing", "carrier", "configure", "current_ids", "encode", "fixed_decisions", "wrap",
@@ -83,19 +86,24 @@ def enabled() -> bool:
 
 
 class _Traced:
-    """One request's span while it runs: its ids, its parent, the sampler's decision, the context it replaced."""
+    """One request's span while it runs: its ids, its parent, the sampler's decision, the context it started in."""
 
-    __slots__ = ("parent_id", "previous", "remote", "sampled", "span_id", "trace_id", "trace_state")
+    __slots__ = ("context", "flags", "parent_id", "previous", "raw", "remote", "running", "sampled", "span_id",
+                 "trace_id", "trace_state")
 
     def __init__(self, trace_id: int, span_id: int, parent_id: int, remote: bool, sampled: bool, trace_state: Any,
-                 previous: Any) -> None:
+                 flags: Any, previous: Any, raw: Any) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent_id = parent_id  # 0: a root span
         self.remote = remote  # the parent came from the caller
         self.sampled = sampled
         self.trace_state = trace_state  # the sampler's TraceState (or None)
-        self.previous = previous  # OpenTelemetry's current context before the request's
+        self.flags = flags  # the API's TraceFlags of the request's span
+        self.previous = previous  # OpenTelemetry's current context when the request started
+        self.raw = raw  # the runtime context's own value then (`_request_runtime`; None where requests attach)
+        self.context: Any = None  # `previous` with the request's span, once made (`_request_runtime`)
+        self.running = True
 
 
 class _Finished(NamedTuple):
@@ -336,12 +344,21 @@ class Tracing(Observer):
         random_flag = getattr(trace.TraceFlags, "RANDOM_TRACE_ID", 0)
         self._random_flag = random_flag if random_flag and provider.id_generator.is_trace_id_random() else 0
         flags = {bits: trace.TraceFlags(bits) for bits in {0, 1, self._random_flag, 1 | self._random_flag}}
-        self._api = (context, trace, trace.SpanKind.SERVER, _own_span_context(trace), flags, trace.NonRecordingSpan)
+        make_context = _own_span_context(trace)
+        self._api = (trace, trace.SpanKind.SERVER, make_context, flags, trace.NonRecordingSpan)
+        # Where OpenTelemetry's runtime context sees the request running here, a request's context is made only
+        # when asked for; otherwise each request attaches its context when it starts, and the previous one after.
+        self.runtime = _request_runtime(context, trace, make_context)
+        self._context_now: Callable[[], Any] = context.get_current if self.runtime is None else self.runtime.get_current
+        self._raw_now: Callable[[], Any] | None = None if self.runtime is None else self.runtime.variable.get
+        self._attach: Callable[[Any], Any] | None = context.attach if self.runtime is None else None
         self._span_context = trace.SpanContext
         self._last_seen: tuple[Any, Any] = (None, None)  # a context and the span context current in it
         self._trace_flags = trace.TraceFlags
         self.fixed = fixed_decisions(self.sampler)
         self._random_ids = type(self.ids) is RandomIdGenerator
+        # The default id generator's draw, made here as it makes it (a zero is drawn again by the generator)
+        self._draw: Callable[[int], int] | None = random.getrandbits if self._random_ids else None
         # The OTLP exporter's transport, taking an encoded export request and its span count; None: the exporter
         # takes ReadableSpans.
         self.post = post
@@ -361,8 +378,9 @@ class Tracing(Observer):
     # --- the request path: sample once, make the context current, queue plain values -----------------------------
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
-        context, trace, server, make_context, flags, non_recording = self._api
-        previous = context.get_current()  # what the sampler sees without a caller's context, and what comes back
+        trace, server, make_context, flags, non_recording = self._api
+        raw = self._raw_now() if self._raw_now is not None else None
+        previous = self._context_now()  # what the sampler sees without a caller's context
         caller = timer.trace
         parent = parent_context = None
         if caller:
@@ -374,7 +392,9 @@ class Tracing(Observer):
             trace_id, parent_id, remote = parent_context.trace_id, parent_context.span_id, parent_context.is_remote
             random_flag = parent_context.trace_flags & self._random_flag if self._random_flag else 0
         else:
-            trace_id, parent_id, remote, random_flag = self.ids.generate_trace_id(), 0, False, self._random_flag
+            draw = self._draw
+            trace_id = (draw(128) if draw is not None else 0) or self.ids.generate_trace_id()
+            parent_id, remote, random_flag = 0, False, self._random_flag
         fixed = self.fixed
         if fixed is None:
             result = self.sampler.should_sample(
@@ -394,11 +414,16 @@ class Tracing(Observer):
                 trace_state = seen.trace_state
             else:
                 sampled, trace_state = fixed[0], None
-        span_id = self.ids.generate_span_id()
+        draw = self._draw
+        span_id = (draw(64) if draw is not None else 0) or self.ids.generate_span_id()
+        trace_flags = flags[(1 if sampled else 0) | random_flag]
+        timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, trace_state, trace_flags,
+                                      previous, raw)
         # The request's span context is the current one while it runs: a model's own spans are its children.
-        own = make_context(trace_id, span_id, flags[(1 if sampled else 0) | random_flag], trace_state)
-        context.attach(trace.set_span_in_context(non_recording(own), previous))
-        timer.state[_STATE] = _Traced(trace_id, span_id, parent_id, remote, sampled, trace_state, previous)
+        attach = self._attach
+        if attach is not None:
+            own = make_context(trace_id, span_id, trace_flags, trace_state)
+            attach(trace.set_span_in_context(non_recording(own), previous))
 
     def plain_caller(self, caller: Mapping[str, str]) -> Any:
         """The caller's span context when `caller` is a plain W3C traceparent (version 00, lowercase, nothing
@@ -416,23 +441,33 @@ class Tracing(Observer):
         return self._span_context(trace_id, span_id, True, self._trace_flags(flags), None)
 
     def request_finished(self, record: InferenceRecord) -> None:
-        traced: _Traced | None = record.state.get(_STATE)
+        error = record.error
+        status, message = ("OK", "") if error is None else (error.kind.name, error.message[:200])
+        marks, offset = record.marks  # made into spans by the background thread
+        self.finished(record.state, record.model, record.version, record.request_id, status, message,
+                      record.start_ns, record.start_ns + record.total_ns, marks, offset)
+
+    def finished(self, state: Mapping[str, Any], model: str, version: str, request_id: str, status: str,
+                 message: str, start_ns: int, end_ns: int, phases: Sequence[tuple[str, int, int]],
+                 offset: int) -> None:
+        """A request is done (`request_finished`, told without a record): `state` is its timer's, `status` "OK"
+        or its error's kind, `message` the error's (clipped), `phases` as `InferenceRecord.marks` has them."""
+        traced: _Traced | None = state.get(_STATE)
         if traced is None:
             return
-        # Back to the context before the request's (attached, not detached: the request may finish in a copy of
-        # the context it started in, where a token would not apply).
-        self._api[0].attach(traced.previous)
+        traced.running = False
+        if self._attach is not None:
+            # Back to the context before the request's (attached, not detached: the request may finish in a copy
+            # of the context it started in, where a token would not apply).
+            self._attach(traced.previous)
         if not traced.sampled:
             return
         if len(self.queue) >= self.max_queue:
             self.dropped += 1
             return
-        error = record.error
-        status, message = ("OK", "") if error is None else (error.kind.name, error.message[:200])
-        marks, offset = record.marks  # made into spans by the background thread
         self.queue.append(_new_finished(_Finished, (
-            traced, record.model, record.version, record.request_id, record.state.get("transport", ""), status,
-            message, record.start_ns, record.start_ns + record.total_ns, marks, offset,
+            traced, model, version, request_id, state.get("transport", ""), status, message, start_ns, end_ns,
+            phases, offset,
         )))
         if len(self.queue) >= self.batch_size and not self._wake.is_set():
             self._wake.set()
@@ -563,6 +598,90 @@ def _own_span_context(trace: Any) -> Callable[[int, int, Any, Any], Any]:
                 theirs.is_remote, theirs.trace_flags, theirs.trace_state, theirs.is_valid):
             return constructed
     return made
+
+
+@functools.cache
+def _request_runtime_type() -> type:
+    """The runtime context that sees the traced request running here (`_request_runtime`)."""
+    from opentelemetry import trace
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    set_span_in_context, non_recording = trace.set_span_in_context, trace.NonRecordingSpan
+
+    class RequestRuntime(ContextVarsRuntimeContext):
+        """The API's contextvars runtime context (its variable, its attach and detach), whose current context is
+        the running request's while no other was attached since it started."""
+
+        def __init__(self, variable: Any, make_context: Callable[[int, int, Any, Any], Any]) -> None:
+            self._current_context = self.variable = variable
+            self.make_context = make_context
+
+        def get_current(self) -> Any:
+            value = self.variable.get()
+            timer = current()
+            if timer is not None:
+                traced: _Traced | None = timer.state.get(_STATE)
+                if traced is not None and traced.running and value is traced.raw:
+                    made = traced.context
+                    if made is None:  # two threads may both make it: alike
+                        own = self.make_context(traced.trace_id, traced.span_id, traced.flags, traced.trace_state)
+                        made = traced.context = set_span_in_context(non_recording(own), traced.previous)
+                    return made
+            return value
+
+    return RequestRuntime
+
+
+def _request_runtime(context: Any, trace: Any, make_context: Callable[[int, int, Any, Any], Any]) -> Any:
+    """OpenTelemetry's runtime context, made to see the traced request running here; None where it cannot be.
+
+    A request then attaches nothing when it starts and restores nothing when it ends (an attach and its undoing, a
+    context and a span object per request, which most requests never read): while the request runs (it is
+    `timing.current()`) and no other context was attached since it started, the current context is the one it
+    started in with the request's span, made when first asked for. A context a model attaches (its own span) is the
+    current one until it is detached, as before. The runtime context replaces the API's default one (contextvars),
+    and keeps its variable: what was attached before stays current. None, and nothing replaced, where the API's
+    runtime context is another (OTEL_PYTHON_CONTEXT) or a check of the replacement fails; requests then attach their
+    context."""
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime_type = _request_runtime_type()
+    installed = getattr(context, "_RUNTIME_CONTEXT", None)
+    if type(installed) is runtime_type:  # another data plane's, in this process
+        return installed
+    variable = getattr(installed, "_current_context", None)
+    if type(installed) is not ContextVarsRuntimeContext or not isinstance(variable, contextvars.ContextVar):
+        return None
+    runtime = runtime_type(variable, make_context)
+    context._RUNTIME_CONTEXT = runtime
+    if contextvars.copy_context().run(_sees_the_request, context, trace, runtime):
+        return runtime
+    context._RUNTIME_CONTEXT = installed
+    log.warning("OpenTelemetry's runtime context does not see the running request: each request attaches its own")
+    return None
+
+
+def _sees_the_request(context: Any, trace: Any, runtime: Any) -> bool:
+    """Whether the API, through `runtime`, sees a request's span as current while it runs and nothing else is
+    attached, what is attached meanwhile while it is, and no request after it finished."""
+    timer = Timer("check")
+    set_current(timer)
+    flags = trace.TraceFlags(1)
+    timer.state[_STATE] = traced = _Traced(5, 7, 0, False, True, None, flags, runtime.get_current(),
+                                           runtime.variable.get())
+
+    def ids() -> tuple[int, int]:
+        span = trace.get_current_span().get_span_context()
+        return span.trace_id, span.span_id
+
+    seen = [ids()]
+    token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(9, 11, False, flags))))
+    seen.append(ids())
+    context.detach(token)
+    seen.append(ids())
+    traced.running = False
+    seen.append(ids())
+    return seen == [(5, 7), (9, 11), (5, 7), (0, 0)]
 
 
 def fixed_decisions(sampler: Any) -> tuple[bool, bool, bool, bool, bool] | None:
