@@ -871,11 +871,11 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
 def test_the_http_exporter_keeps_its_default_transport_where_the_environment_applies(
         endpoint: str, environment: dict[str, str], lean: bool, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The OTLP/HTTP exporter sends with the exporter's urllib3 transport only where requests, its default, would
+    """The OTLP/HTTP exporter sends over a plain connection of its own only where requests, its default, would
     send the same request: a plain-HTTP endpoint that no proxy variable and no .netrc entry covers."""
     from oip.server import tracing
+    from oip.server.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
-    from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 
     netrc = tmp_path / "netrc"
     netrc.write_text("machine collector.invalid login user password secret\n")
@@ -887,9 +887,68 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
     exporter = tracing._http_exporter()
     try:
         transport = exporter._client._transport
-        assert type(transport) is (Urllib3HTTPTransport if lean else RequestsHTTPTransport)
+        assert type(transport) is (PlainHTTPTransport if lean else RequestsHTTPTransport)
     finally:
         exporter.shutdown()
+
+
+def test_the_plain_http_transport_keeps_its_connection_and_tells_errors_as_the_exporter_expects() -> None:
+    """Through the OTLP exporter's own client (its headers, its retries): exports go over one kept-alive
+    connection, with the exporter's body and headers; one the receiver dropped is made again and the export
+    succeeds; an answer's headers are read whatever their case; a refused connection is a connection error, an answer
+    that does not come in time is not."""
+    from oip.server.otlp_http import PlainHTTPTransport
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    seen: list[tuple[str, bytes, str, int]] = []
+    drop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # http.server's naming
+            body = self.rfile.read(int(self.headers["content-length"]))
+            seen.append((self.path, body, self.headers["content-type"], self.client_address[1]))
+            if self.path == "/slow":
+                time.sleep(1.0)
+            self.send_response(200)
+            self.send_header("X-Answer", "yes")
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+            self.close_connection = drop.is_set()  # closed without saying so: the client finds out next time
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    transport = PlainHTTPTransport()
+    exporter = OTLPSpanExporter(endpoint=url, _transport=transport)  # type: ignore[call-arg,unused-ignore]
+    try:
+        assert exporter._client.export(b"first").success and exporter._client.export(b"second").success
+        drop.set()
+        assert exporter._client.export(b"third").success  # the receiver closes the connection after answering
+        drop.clear()
+        assert exporter._client.export(b"fourth").success  # a dropped connection: made again at once
+        assert [(path, body, kind) for path, body, kind, _ in seen] == [
+            ("/v1/traces", body, "application/x-protobuf") for body in (b"first", b"second", b"third", b"fourth")]
+        ports = [port for *_, port in seen]
+        assert ports[0] == ports[1] == ports[2] != ports[3]
+
+        answer = transport.request("POST", url, data=b"x", timeout=5)
+        assert (answer.status_code, answer.content(), answer.headers()["x-answer"]) == (200, b"ok", "yes")
+        slow = transport.request("POST", url.replace("/v1/traces", "/slow"), data=b"x", timeout=0.2)
+        assert isinstance(slow.error, TimeoutError) and not transport.is_connection_error(slow.error)
+        again = transport.request("POST", url, data=b"x", timeout=5)
+        assert again.status_code == 200  # a new connection after the one that timed out
+    finally:
+        exporter.shutdown()
+        receiver.shutdown()
+        receiver.server_close()
+    refused = PlainHTTPTransport().request("POST", url, data=b"x", timeout=5)  # the receiver is gone
+    assert refused.status_code is None and PlainHTTPTransport().is_connection_error(refused.error)
 
 
 def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:

@@ -29,7 +29,7 @@ is the API's current one (OpenTelemetry's runtime context sees the running reque
 asked for, `_request_runtime`). When the request finishes, its outcome and the timer's phase timestamps are
 queued as plain values. A background thread gives the children their ids, writes the spans' OTLP protobuf encoding
 (`encode`) and hands the batch to the standard OTLP exporter's transport (retries, headers, compression, TLS are the
-exporter's; over HTTP, the exporter's urllib3 transport where no proxy or .netrc setting applies, `_http_exporter`).
+exporter's; over HTTP, a plain `http.client` connection where no proxy or .netrc setting applies, `_http_exporter`).
 The encoding is written here because building the opentelemetry-proto messages still costs ~35 us per request; it is
 byte for byte what the SDK's encoder writes for the same spans (a test compares the two, `readable_spans`).
 Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
@@ -765,19 +765,19 @@ def _grpc_exporter() -> Any:
 
 def _http_exporter() -> Any:
     """The OTLP/HTTP exporter. Its default transport (`requests`) reads the environment's proxy and .netrc settings
-    again at each export, and costs about twice the exporter's own `urllib3` transport per export. Where none of
-    those settings can apply (a plain-HTTP endpoint that no proxy variable and no .netrc entry covers, no credential
-    provider's session), the exporter takes its urllib3 transport; otherwise, or where this exporter's version
-    has no such transport, it keeps its default."""
+    again at each export, and costs about six times a plain `http.client` connection per export (`otlp_http`).
+    Where none of those settings can apply (a plain-HTTP endpoint that no proxy variable and no .netrc entry covers,
+    no credential provider's session), the exporter sends over such a connection; otherwise, or where this
+    exporter's version takes no transport, it keeps its default."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     exporter = OTLPSpanExporter()
     if not _settings_cannot_apply(str(getattr(exporter, "_endpoint", ""))):
         return exporter
     try:
-        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+        from .otlp_http import PlainHTTPTransport
 
-        lean = OTLPSpanExporter(_transport=Urllib3HTTPTransport())  # type: ignore[call-arg,unused-ignore]
+        lean = OTLPSpanExporter(_transport=PlainHTTPTransport())  # type: ignore[call-arg,unused-ignore]
     except (ImportError, TypeError):  # an exporter without pluggable transports
         return exporter
     exporter.shutdown()  # type: ignore[no-untyped-call,unused-ignore]
