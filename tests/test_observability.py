@@ -473,6 +473,28 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
         assert server.stop() == 0, server.log_text()
 
 
+def test_only_inference_requests_are_spans(repository: Path, tmp_path: Path,
+                                          http_receiver: tuple[Receiver, str]) -> None:
+    """With tracing on, REST requests other than inference (health, metadata) make no span, whatever the web
+    framework would make of them once a tracer provider is set: the server's spans are the data plane's."""
+    receiver, endpoint = http_receiver
+    server = traced_server(repository, tmp_path, endpoint, "http/protobuf")
+    try:
+        other_trace, inference_trace = secrets.token_hex(16), secrets.token_hex(16)
+        with server.clients() as (http, _):
+            headers = {"traceparent": f"00-{other_trace}-{secrets.token_hex(8)}-01"}
+            for path in ("/v2/health/ready", "/v2/models/simple", "/v2/models/simple/ready", "/v2"):
+                assert http.get(path, headers=headers).status_code == 200, path
+            answer = http.post("/v2/models/simple/infer", json=simple_body(),
+                               headers={"traceparent": f"00-{inference_trace}-{secrets.token_hex(8)}-01"})
+            assert answer.status_code == 200
+        assert len(receiver.trace(inference_trace, 5)) == 5  # exported after the requests before it
+        server_spans = [s for s in receiver.spans if s["trace_id"] == other_trace]
+    finally:
+        assert server.stop() == 0, server.log_text()
+    assert server_spans == []
+
+
 def test_the_generated_clients_propagate_the_callers_context(repository: Path, tmp_path: Path,
                                                              http_receiver: tuple[Receiver, str]) -> None:
     from oip.client import GrpcClient, RestClient
@@ -988,6 +1010,72 @@ def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:
             observer.request_finished(timer.record("simple", "1", 1))
     finally:
         observer.shutdown()
+
+
+OFF_PATH = """
+import asyncio, json, sys
+import httpx
+from oip.grpc import grpc_service_pb2 as pb
+from oip.server import DataPlane, ModelRepository, Settings, grpc_servicer
+from oip.server.grpc import Servicer
+from oip.server.rest import create_app
+sys.path.insert(0, sys.argv[1])
+from model import Simple
+
+class Context:  # what the gRPC handler reads of its call
+    def invocation_metadata(self):
+        return (("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01"),)
+
+async def main():
+    repository = ModelRepository()
+    repository.add(Simple("simple"))
+    await repository.load_all()
+    settings = Settings()
+    dataplane = DataPlane(repository, settings)
+    app = create_app(dataplane, settings)
+    body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+                       for n in ("INPUT0", "INPUT1")]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://oip") as client:
+        answer = await client.post("/v2/models/simple/infer", json=body,
+                                   headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+        assert answer.status_code == 200, answer.text
+    handler = grpc_servicer._in_thread(dataplane, settings, Servicer(dataplane, settings).infer, "ModelInfer", None)
+    message = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(bytes(64))
+    assert handler(message, Context()) is not grpc_servicer.NOT_HERE
+    served = dataplane.statistics.for_model("simple", "1").inference_count
+    print(json.dumps([served, dataplane.tracing is not None,
+                      sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter")))]))
+    if dataplane.tracing is not None:
+        dataplane.tracing.shutdown()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_tracing_off_imports_no_opentelemetry_sdk(on: bool, http_receiver: tuple[Receiver, str]) -> None:
+    """With tracing off, a REST and a gRPC inference carrying a traceparent import nothing of OpenTelemetry's SDK
+    or exporters: the request path cannot spend anything on them. (The same requests with tracing on do import
+    them. The API alone may be imported: recent FastAPI versions import it, and leave it unused.)"""
+    import subprocess
+    import sys
+
+    from conftest import GENERATED, ROOT
+
+    _, endpoint = http_receiver
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(GENERATED)
+    if on:
+        env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint)
+    done = subprocess.run([sys.executable, "-c", OFF_PATH, str(ROOT / "examples" / "models" / "simple")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    served, traced, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (served, traced) == (2, on)
+    assert bool(imported) == on, imported
 
 
 def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import logging
 import re
@@ -110,6 +111,15 @@ _NO_BINARY: Final = (
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+# FastAPI's own OpenTelemetry spans, metrics and log records (in the versions that have them, on as soon as a
+# tracer provider is set, as tracing sets one): off. The server's spans are the data plane's, one per inference
+# request over either transport, not one per REST request of any kind (health probes included).
+_NO_FRAMEWORK_TELEMETRY: Final[dict[str, Any]] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {}
+)
 
 
 class OipApp(FastAPI):
@@ -206,6 +216,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
         docs_url=None,
         redoc_url=None,
         redirect_slashes=False,
+        **_NO_FRAMEWORK_TELEMETRY,
     )
     app.state.dataplane = dataplane
     app.state.settings = settings
