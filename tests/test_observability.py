@@ -518,6 +518,38 @@ def test_the_generated_clients_propagate_the_callers_context(repository: Path, t
         assert server.stop() == 0, server.log_text()
 
 
+def test_the_generated_clients_work_without_opentelemetry(metered: Server) -> None:
+    """Where OpenTelemetry cannot be imported, the generated clients add nothing to a request and still answer,
+    over REST and gRPC (the package is run in a process where importing `opentelemetry` fails)."""
+    import subprocess
+    import sys
+
+    from conftest import GENERATED
+
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["opentelemetry"] = None  # not installed: importing it fails
+        import numpy as np
+        from oip.client import GrpcClient, RestClient, propagation
+        assert propagation._propagate is None
+        assert propagation.with_trace_context({"x-a": "1"}) == {"x-a": "1"}
+        assert propagation.with_trace_context(None) is None
+        inputs = {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16), "INPUT1": np.ones((1, 16), dtype=np.int32)}
+        sums = []
+        for make in (lambda: RestClient(sys.argv[1]), lambda: GrpcClient(sys.argv[2])):
+            with make() as client:
+                sums.append(client.infer("simple", inputs)["OUTPUT0"].tolist())
+        print(sums)
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry.")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code, metered.url, metered.target], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(GENERATED)})
+    assert done.returncode == 0, done.stderr
+    sums, imported = done.stdout.strip().splitlines()[-2:]
+    assert json.loads(sums) == [[[i + 1 for i in range(16)]]] * 2
+    assert imported == "[]"
+
+
 def test_the_spans_of_a_decoupled_model_a_failure_and_a_models_own_span(repository: Path, tmp_path: Path,
                                                                        grpc_receiver: tuple[Receiver, str]) -> None:
     """Over OTLP/gRPC: a decoupled model's request has one compute_infer / compute_output pair per response (and
