@@ -134,7 +134,7 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     shutil.rmtree(workdir, ignore_errors=True)
     scenarios = [BY_NAME[name] for name in args.scenarios]
     for repeat in range(1, args.repeats + 1):
-        everyone = args.servers + args.variants
+        everyone = args.servers
         order = everyone[repeat - 1 :] + everyone[: repeat - 1]  # take turns: nobody always goes first
         for name in order:
             base = {"server": name, "repeat": repeat, "load_average": load_average()}
@@ -162,11 +162,8 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                     f"[{repeat}] {name}: ready in {server.startup_s:.2f} s; at rest {server.idle_pss_mib:.0f} MiB PSS,"
                     f" {server.idle_rss_mib:.0f} MiB RSS"
                 )
-                variant = name in servers.VARIANTS
                 served = False  # whether this server has answered a scenario yet
                 for scenario in scenarios:
-                    if variant and scenario.name not in servers.VARIANT_SCENARIOS:
-                        continue
                     if scenario.fresh and served:
                         servers.stop(server)
                         try:
@@ -181,7 +178,7 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                     result["rest_rss_mib"] = server.idle_rss_mib
                     records.append({**base, "scenario": scenario.name, **result})
                     log(f"[{repeat}] {name} {scenario.name}: {_short(result)}")
-                if args.pa and not variant:
+                if args.pa:
                     if not pa.config_ok(server.rest):
                         records.append(
                             {
@@ -204,6 +201,47 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                             log(f"[{repeat}] {name} {scenario.name} perf_analyzer: {_short(result)}")
             finally:
                 servers.stop(server)
+    return records
+
+
+OBSERVABILITY_ROUNDS = 8  # per repeat: the windows each observability variant gets, in turns
+
+
+def measure_observability(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
+    """Our server as shipped, with metrics and tracing off, and with every request traced (`args.variants`): a
+    cost is a ratio of two throughputs, and on this noisy 2-core machine the speed of CPU 0 drifts by more than the
+    costs measured over the tens of seconds that separate two servers' turns. So the three servers are up at once
+    (idle but for their turn, all on CPU 0) and take turns in short windows, round after round, each round in
+    another order; every window is a record, and the report takes the medians over the rounds."""
+    if not args.variants:
+        return []
+    rounds = 1 if args.quick else OBSERVABILITY_ROUNDS * args.repeats
+    short = argparse.Namespace(**{**vars(args), "duration": args.observability_window_s,
+                                  "warmup": min(args.warmup, 0.5)})
+    scenarios = [BY_NAME[name] for name in servers.VARIANT_SCENARIOS if name in args.scenarios]
+    workdir = args.out / "logs"
+    records: list[dict[str, Any]] = []
+    running: dict[str, servers.Running] = {}
+    try:
+        for name in args.variants:
+            try:
+                running[name] = servers.start(name, args.cache, workdir)
+            except RuntimeError as exc:
+                records.append({"server": name, "repeat": 1, "load_average": load_average(), "scenario": "startup",
+                                "tool": "harness", "error": str(exc)})
+                log(f"{name}: {exc}")
+        names = list(running)
+        for turn in range(1, rounds + 1):
+            order = names[(turn - 1) % len(names):] + names[:(turn - 1) % len(names)] if names else []
+            for scenario in scenarios:
+                for name in order:
+                    base = {"server": name, "repeat": turn, "load_average": load_average()}
+                    result = observed(running[name], functools.partial(loadgen, running[name], scenario, short))
+                    records.append({**base, "scenario": scenario.name, **result})
+                    log(f"[{turn}] {name} {scenario.name}: {_short(result)}")
+    finally:
+        for server in running.values():
+            servers.stop(server)
     return records
 
 
@@ -303,6 +341,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.duration = args.duration or (1.0 if quick else 10.0)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 2.0)
     args.elements = args.elements or (100_000 if quick else 1_000_000)
+    # The observability variants' windows: a fraction of --duration, as they take turns (measure_observability)
+    args.observability_window_s = max(min(args.duration, 1.0), args.duration / OBSERVABILITY_ROUNDS)
     args.pa_window_ms = 500 if quick else 3333
     args.pa_trials = 5 if quick else 3
     args.servers = [s for s in args.servers.split(",") if s]
@@ -384,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         floor_result = floor(args)
         try:
             records = measure(args, log)
+            records += measure_observability(args, log)
         finally:
             exported = stop_sink(sink)
         load_after = load_average()
@@ -403,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_after": load_after,
         "servers": args.servers,
         "variants": args.variants,
+        "observability_rounds": 1 if args.quick else OBSERVABILITY_ROUNDS * args.repeats,
+        "observability_window_s": args.observability_window_s,
         "otlp_sink": exported,
         "scenarios": args.scenarios,
         "repeats": args.repeats,
