@@ -107,6 +107,7 @@ def test_counts_of_many_threads_add_up_while_scraped() -> None:
     dp = plane(Gate())
     metrics = dp.metrics
     assert metrics is not None
+    model = dp.repository.get("gate")
     threads, per_thread = 8, 2000
     go = threading.Event()
 
@@ -114,7 +115,7 @@ def test_counts_of_many_threads_add_up_while_scraped() -> None:
         go.wait(TIMEOUT)
         for i in range(per_thread):
             metrics.count("grpc", "ModelInfer", "OK" if i % 2 else "NOT_FOUND")
-            metrics.started(KEY)
+            dp.repository.acquire(model)  # a request holding the model: pending until it lets go
 
     workers = [threading.Thread(target=count) for _ in range(threads)]
     for worker in workers:
@@ -131,6 +132,9 @@ def test_counts_of_many_threads_add_up_while_scraped() -> None:
         assert metrics.requests == {("grpc", "ModelInfer", "OK"): threads * per_thread // 2,
                                     ("grpc", "ModelInfer", "NOT_FOUND"): threads * per_thread // 2}
         assert metrics.pending == {KEY: threads * per_thread}  # started, none finished
+    for _ in range(threads * per_thread):
+        dp.repository.release(model)
+    assert metrics.pending == {KEY: 0}
     metrics.count("rest", "model_infer", 200)  # this thread's count beside them
     assert metrics.requests[("rest", "model_infer", "200")] == 1
     assert sum(metrics.requests.values()) == threads * per_thread + 1

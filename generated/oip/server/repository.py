@@ -509,6 +509,15 @@ class ModelRepository:
             loop, event = waiting
             loop.call_soon_threadsafe(event.set)
 
+    def inflight(self) -> dict[tuple[str, str], int]:
+        """The requests holding each model version that has an instance (leased, not released yet), by (name,
+        version): the requests started and not finished."""
+        with self._lease_lock:
+            held = dict(self._inflight)
+        return {(name, version): held.get(id(entry.model), 0)
+                for name, record in list(self._records.items())
+                for version, entry in list(record.versions.items()) if entry.model is not None}
+
     def is_ready(self, name: str, version: str = "") -> bool:
         """Whether `name` (at `version`, or any version) is READY. NotFound for an unknown model or version."""
         record = self._record(name)

@@ -77,7 +77,8 @@ class DataPlane(DataPlaneBase):
         self.live = True  # the serving layer may turn it off while it shuts down
         self.statistics = Statistics()
         self.observers: list[Observer] = [self.statistics]
-        self.metrics = Metrics(self.statistics, self.settings.metrics_buckets) if self.settings.metrics else None
+        self.metrics = (Metrics(self.statistics, self.repository.inflight, self.settings.metrics_buckets)
+                        if self.settings.metrics else None)
         if self.metrics is not None:
             self.observers.append(self.metrics)
         self.tracing = tracing.configure(self.settings.server_name)

@@ -12,10 +12,11 @@ errors, doing only what that request needs:
 - the model: ready, a plain `infer` that neither batches (`max_batch_size` 0) nor is decoupled (what it takes is
   worked out once per model instance, `_Plan`);
 - the observers: only the statistics extension, the metrics and tracing (`statistics.Statistics`,
-  `metrics.Metrics`, `tracing.Tracing`): the statistics and metrics are updated directly; tracing is told that
-  the request started (with the caller's trace context, before the model runs, so the model's own spans are its
-  children) and finished, with the phases' timestamps this way took anyway (any other observer takes the general
-  way).
+  `metrics.Metrics`, `tracing.Tracing`): the statistics are updated directly (the metrics count nothing of a
+  successful request here: its answer is counted by the transport, its pending time by the repository); tracing
+  is told that the request started (with the caller's trace context, before the model runs, so the model's own
+  spans are its children) and finished, with the phases' timestamps this way took anyway (any other observer
+  takes the general way).
 
 Any other request takes the general way (`__call__` returns None before anything happened), which answers it
 or refuses it with the usual error. Inputs are numpy views of the received bytes (read-only, as on the general
@@ -115,7 +116,6 @@ class _Plan:
         self.shapes = {spec.name: tuple(spec.shape) for spec in model.outputs}
         self.prefix = _RESPONSE(model_name=model.name, model_version=model.version).SerializeToString()
         self.headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
-        self.labels = (("model", model.name), ("version", model.version))
 
     @staticmethod
     def allows(model: Model) -> bool:
@@ -173,17 +173,14 @@ class UnaryInfer:
         if message.parameters:
             return None
         statistics: Statistics | None = None
-        metrics: Metrics | None = None
         tracing: Tracing | None = None
         for observer in self.pipeline.observers:
             kind = type(observer)
             if kind is Statistics:
                 statistics = observer  # type: ignore[assignment]
-            elif kind is Metrics:
-                metrics = observer  # type: ignore[assignment]
             elif kind is Tracing:
                 tracing = observer  # type: ignore[assignment]
-            else:
+            elif kind is not Metrics:  # the metrics count nothing here (the repository counts pending requests)
                 return None
         plan = self._plan(message.model_name, message.model_version)
         if plan is None:
@@ -204,8 +201,6 @@ class UnaryInfer:
             set_current(Timer(message.id) if message.id else None)
         repository.acquire(model)
         try:
-            if metrics is not None:
-                metrics.started(plan.labels)
             queued = started = ended = 0
             try:
                 queued = time.perf_counter_ns()

@@ -19,9 +19,9 @@ Served at `GET /metrics` on the REST port (and on `--metrics-port` if set) in Pr
 
 The exposition is written here rather than by prometheus_client: Triton's counters are named without the
 `_total` suffix that prometheus_client adds to every counter, and dashboards built for Triton query those names.
-A request costs the hot path two dictionary updates in the calling thread's own counts (its start, its
-answer) and no lock of the metrics: its end and its duration's bucket are counted by the statistics, under the
-lock they take anyway, and the scrape reads pending requests as started less finished. With
+A request costs the hot path one dictionary update in the calling thread's own counts (its answer) and no lock
+of the metrics: its end and its duration's bucket are counted by the statistics, under the lock they take anyway,
+and the scrape reads pending requests from the model repository, which counts the requests holding each model. With
 `--workers N` a scrape answered by any worker is the sum over the workers: it asks the others for their samples
 (`cluster`) and adds them up, sample by sample (a gauge is summed too).
 """
@@ -31,14 +31,14 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .errors import ErrorKind
 from .settings import Settings
 from .statistics import Statistics
-from .timing import InferenceRecord, Observer, Timer
+from .timing import InferenceRecord, Observer
 
 __all__ = [
     "CONTENT_TYPE",
@@ -188,34 +188,33 @@ _COUNTERS: Final = (
 class _Shard:
     """One thread's counts: only that thread adds to them (no lock); a scrape adds up every thread's."""
 
-    __slots__ = ("requests", "started", "thread")
+    __slots__ = ("requests", "thread")
 
     def __init__(self, thread: threading.Thread) -> None:
         self.thread = thread
         self.requests: dict[tuple[str, str, str | int], int] = {}  # (transport, operation, code): answers
-        self.started: dict[tuple[str, str], int] = {}  # (model, version): requests started
 
     def fold(self, into: _Shard) -> None:
         """Add these counts to `into`'s (safe while this thread counts on: each dictionary is read in one step)."""
-        requests, started = into.requests, into.started
+        requests = into.requests
         for key, n in list(self.requests.items()):
             requests[key] = requests.get(key, 0) + n
-        for model, n in list(self.started.items()):
-            started[model] = started.get(model, 0) + n
 
 
 class Metrics(Observer):
     """The server's metrics: an observer of the inference timer, and the counts the transports report.
 
     A request costs the hot path little, and takes no lock of the metrics: each thread counts in its own
-    dictionaries (`_Shard`), a scrape adds them up. The request's start is counted here; its end, and its duration
-    in the latency histogram, by the statistics (`Statistics.keep_durations`), under the lock they take anyway;
-    a transport counts its answer (`count`). The pending requests of a model version are those started less
-    those the statistics counted as finished. Labels are made at scrape time.
+    dictionaries (`_Shard`), a scrape adds them up. A request's end, and its duration in the latency histogram, are
+    counted by the statistics (`Statistics.keep_durations`), under the lock they take anyway; a transport counts
+    its answer (`count`). The pending requests of a model version are those holding it in the model repository
+    (`inflight`: `ModelRepository.inflight`). Labels are made at scrape time.
     """
 
-    def __init__(self, statistics: Statistics, buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
+    def __init__(self, statistics: Statistics, inflight: Callable[[], Mapping[tuple[str, str], int]],
+                 buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
         self.statistics = statistics
+        self.inflight = inflight
         self.failures: dict[tuple[Labels, str], int] = {}
         self._lock = threading.Lock()  # failures, first responses, the list of shards
         self._local = threading.local()  # .shard: this thread's
@@ -271,28 +270,11 @@ class Metrics(Observer):
 
     @property
     def pending(self) -> dict[Labels, int]:
-        """The requests of each model version that started and did not finish yet, by labels."""
-        stats = self.statistics.snapshot()  # first: every request finished by then had started before the count
-        pending: dict[Labels, int] = {}
-        for (model, version), n in self._totals().started.items():
-            values = stats.get((model, version))
-            finished = values["success"][0] + values["fail"][0] if values is not None else 0
-            pending[(("model", model), ("version", version))] = n - finished
-        return pending
+        """The requests of each model version that started and did not finish yet, by labels (those holding the
+        model in the repository: a request costs the metrics nothing at its start)."""
+        return {(("model", model), ("version", version)): n for (model, version), n in self.inflight().items()}
 
     # --- the inference timer ------------------------------------------------------------------------------------
-
-    def request_started(self, timer: Timer, model: str, version: str) -> None:
-        try:
-            started = self._local.shard.started
-        except AttributeError:
-            started = self._shard().started
-        key = (model, version)
-        started[key] = started.get(key, 0) + 1
-
-    def started(self, key: Labels) -> None:
-        """A request to the model version of `key` (its labels) started: one more pending."""
-        self.request_started(None, key[0][1], key[1][1])  # type: ignore[arg-type]  # no timer: unused
 
     def request_finished(self, record: InferenceRecord) -> None:
         # The statistics count the request's end and its duration; what they do not tell is counted here.
