@@ -360,26 +360,30 @@ def test_a_model_exports_its_own_metrics(metered: Server) -> None:
     assert value(samples, "counting_last_sum", **labels) == 7.0
 
 
+def access_lines(server: Server, *request_ids: str) -> list[dict[str, Any]]:
+    """The JSON access-log lines of these requests, in this order, once all are logged (bounded wait)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        lines = [json.loads(line) for line in server.log_text().splitlines() if line.startswith("{")]
+        found = {x.get("request_id"): x for x in lines if x["logger"] == "oip.access"}
+        if set(request_ids) <= found.keys() or time.monotonic() > deadline:
+            return [found[request_id] for request_id in request_ids]
+        time.sleep(0.05)
+
+
 def test_the_separate_metrics_listener_and_the_access_log(metered: Server) -> None:
     ports = json.loads((metered.log.parent / "ports.json").read_text())
-    separate = scrape(f"http://127.0.0.1:{ports['metrics']}")
-    assert "nv_inference_request_success" in separate
     assert httpx.get(f"http://127.0.0.1:{ports['metrics']}/v2/health/live", trust_env=False).status_code == 404
     with metered.clients() as (http, stub):
         http.post("/v2/models/simple/infer", json=simple_body(id="logged-rest"))
         request = simple_grpc_request()
         request.id = "logged-grpc"
         stub.ModelInfer(request, timeout=TIMEOUT)
-    deadline = time.monotonic() + TIMEOUT
-    lines: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        lines = [json.loads(line) for line in metered.log_text().splitlines() if line.startswith("{")]
-        ids = {line.get("request_id") for line in lines if line["logger"] == "oip.access"}
-        if {"logged-rest", "logged-grpc"} <= ids:
-            break
-        time.sleep(0.05)
-    rest = next(x for x in lines if x["logger"] == "oip.access" and x.get("request_id") == "logged-rest")
-    grpc_line = next(x for x in lines if x["logger"] == "oip.access" and x.get("request_id") == "logged-grpc")
+    # The separate listener serves the same registry as /metrics on the REST port.
+    separate = scrape(f"http://127.0.0.1:{ports['metrics']}")
+    assert separate["nv_inference_request_success"] == scrape(metered.url)["nv_inference_request_success"]
+    assert separate["nv_inference_request_success"][(("model", "simple"), ("version", "1"))] >= 2
+    rest, grpc_line = access_lines(metered, "logged-rest", "logged-grpc")
     assert rest["transport"] == "rest" and rest["status"] == 200 and rest["path"] == "/v2/models/simple/infer"
     assert rest["request_bytes"] > 0 and rest["response_bytes"] > 0 and rest["duration_ms"] > 0
     assert grpc_line["transport"] == "grpc" and grpc_line["status"] == "OK" and grpc_line["operation"] == "ModelInfer"
@@ -463,12 +467,12 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
             stub.ModelInfer(request, timeout=TIMEOUT, metadata=(("traceparent", f"00-{grpc_trace}-{grpc_parent}-01"),))
         rest_span, children = check_trace(receiver.trace(rest_trace, 5), rest_parent, "rest", "traced-rest")
         assert {c["name"] for c in children} == PHASES and len(children) == 4, children
-        _, children = check_trace(receiver.trace(grpc_trace, 5), grpc_parent, "grpc", "traced-grpc")
+        grpc_span, children = check_trace(receiver.trace(grpc_trace, 5), grpc_parent, "grpc", "traced-grpc")
         assert [c["name"] for c in children] == ["compute_input", "queue", "compute_infer", "compute_output"]
-        # The log lines of the traced request carry its ids.
-        lines = [json.loads(x) for x in server.log_text().splitlines() if x.startswith("{")]
-        logged = next(x for x in lines if x.get("request_id") == "traced-rest")
-        assert logged["trace_id"] == rest_trace and logged["span_id"] == rest_span["span_id"]
+        # The access-log lines of the traced requests carry their ids, over both transports.
+        logged = access_lines(server, "traced-rest", "traced-grpc")
+        for line, trace, span in zip(logged, (rest_trace, grpc_trace), (rest_span, grpc_span)):
+            assert line["trace_id"] == trace and line["span_id"] == span["span_id"], line
     finally:
         assert server.stop() == 0, server.log_text()
 
