@@ -471,7 +471,7 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
         assert [c["name"] for c in children] == ["compute_input", "queue", "compute_infer", "compute_output"]
         # The access-log lines of the traced requests carry their ids, over both transports.
         logged = access_lines(server, "traced-rest", "traced-grpc")
-        for line, trace, span in zip(logged, (rest_trace, grpc_trace), (rest_span, grpc_span)):
+        for line, trace, span in zip(logged, (rest_trace, grpc_trace), (rest_span, grpc_span), strict=True):
             assert line["trace_id"] == trace and line["span_id"] == span["span_id"], line
     finally:
         assert server.stop() == 0, server.log_text()
