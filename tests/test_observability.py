@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import textwrap
 import threading
 import time
@@ -404,7 +405,7 @@ def test_metrics_off(repository: Path, tmp_path: Path) -> None:
 
 
 def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str, sampler: str = "parentbased_always_on",
-                  ratio: str = "", ready: tuple[str, ...] = ("simple",)) -> Server:
+                  ratio: str = "", ready: tuple[str, ...] = ("simple",), options: tuple[str, ...] = ()) -> Server:
     env = {
         "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "oip-under-test",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
@@ -413,7 +414,7 @@ def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str,
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        return start_server(repository, workdir, "--log-format", "json", "--access-log", ready=ready)
+        return start_server(repository, workdir, "--log-format", "json", "--access-log", *options, ready=ready)
     finally:
         for key, old in saved.items():
             if old is None:
@@ -475,6 +476,38 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
             assert line["trace_id"] == trace and line["span_id"] == span["span_id"], line
     finally:
         assert server.stop() == 0, server.log_text()
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.parametrize("collector", ["refusing", "silent"])
+def test_a_collector_that_is_down_holds_neither_the_requests_nor_the_stop(protocol: str, collector: str,
+                                                                       repository: Path, tmp_path: Path) -> None:
+    """A collector that refuses connections, or takes them and never answers: traced requests are answered as
+    usual, and SIGTERM stops the server within its graceful shutdown (the exporter's retries and timeouts would
+    take 15 s and more), the log telling how many traced requests it dropped."""
+    grace = 2.0
+    with socket.socket() as collector_socket:
+        collector_socket.bind(("127.0.0.1", 0))
+        if collector == "silent":
+            collector_socket.listen(64)  # the kernel completes the connections; nobody reads or answers
+        endpoint = f"http://127.0.0.1:{collector_socket.getsockname()[1]}"
+        server = traced_server(repository, tmp_path, endpoint, protocol,
+                               options=("--graceful-shutdown-seconds", str(grace)))
+        try:
+            with server.clients() as (http, stub):
+                for _ in range(100):
+                    assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
+                    assert list(stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT).raw_output_contents)
+            time.sleep(0.3)  # the export thread is on the collector by now
+        finally:
+            signalled = time.monotonic()
+            code = server.stop()
+            took = time.monotonic() - signalled
+    log = server.log_text()
+    assert code == 0, log
+    assert took < grace + 3, (took, log)
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    assert any(x["logger"] == "oip.server.tracing" and "traced request(s) dropped" in x["message"] for x in lines), log
 
 
 def test_only_inference_requests_are_spans(repository: Path, tmp_path: Path,
@@ -954,12 +987,12 @@ def test_the_plain_http_transport_keeps_its_connection_and_tells_errors_as_the_e
     """Through the OTLP exporter's own client (its headers, its retries): exports go over one kept-alive
     connection, with the exporter's body and headers; one the receiver dropped is made again and the export
     succeeds; an answer's headers are read whatever their case; a refused connection is a connection error, an answer
-    that does not come in time is not."""
+    that does not come in time is not; closing ends a request waiting for its answer."""
     from oip.server.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     seen: list[tuple[str, bytes, str, int]] = []
-    drop = threading.Event()
+    drop, release = threading.Event(), threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -969,6 +1002,8 @@ def test_the_plain_http_transport_keeps_its_connection_and_tells_errors_as_the_e
             seen.append((self.path, body, self.headers["content-type"], self.client_address[1]))
             if self.path == "/slow":
                 time.sleep(1.0)
+            if self.path == "/held":
+                release.wait(10)
             self.send_response(200)
             self.send_header("X-Answer", "yes")
             self.send_header("content-length", "2")
@@ -1001,7 +1036,20 @@ def test_the_plain_http_transport_keeps_its_connection_and_tells_errors_as_the_e
         assert isinstance(slow.error, TimeoutError) and not transport.is_connection_error(slow.error)
         again = transport.request("POST", url, data=b"x", timeout=5)
         assert again.status_code == 200  # a new connection after the one that timed out
+        # Closing (the exporter's stop) ends a request waiting for its answer at once, and refuses later ones.
+        waiting: list[Any] = []
+        sender = threading.Thread(target=lambda: waiting.append(
+            transport.request("POST", url.replace("/v1/traces", "/held"), data=b"x", timeout=30)))
+        sender.start()
+        while len(seen) < 8:  # the receiver has the request
+            time.sleep(0.01)
+        transport.close()
+        sender.join(0.5)
+        assert not sender.is_alive() and waiting[0].status_code is None and waiting[0].error is not None
+        closed = transport.request("POST", url, data=b"x", timeout=5)
+        assert closed.status_code is None and len(seen) == 8
     finally:
+        release.set()
         exporter.shutdown()
         receiver.shutdown()
         receiver.server_close()

@@ -18,7 +18,9 @@ timeout waiting for the answer is not (the exporter gives the batch up, as with 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -55,6 +57,7 @@ class PlainHTTPTransport(BaseHTTPTransport):
         self._lock = threading.Lock()
         self._connection: http.client.HTTPConnection | None = None
         self._address: tuple[str, int] | None = None
+        self._closed = False
 
     def request(self, method: str, url: str, *, headers: dict[str, str] | None = None, timeout: float | None = None,
                 data: bytes | None = None) -> BaseHTTPResult:
@@ -67,6 +70,8 @@ class PlainHTTPTransport(BaseHTTPTransport):
         except ValueError as error:
             return PlainHTTPResult(error=error)
         with self._lock:
+            if self._closed:
+                return PlainHTTPResult(error=ConnectionAbortedError("the transport is closed"))
             connection = self._connection
             if connection is None or self._address != address:
                 self._close()
@@ -100,6 +105,14 @@ class PlainHTTPTransport(BaseHTTPTransport):
         return isinstance(exception, (OSError, http.client.RemoteDisconnected, http.client.BadStatusLine))
 
     def close(self) -> None:
+        """Stop sending: a request waiting on the connection ends at once (its socket is shut down, which wakes the
+        thread waiting on it, where closing would not), and later requests fail."""
+        self._closed = True
+        connection = self._connection
+        sock = connection.sock if connection is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
             self._close()
 

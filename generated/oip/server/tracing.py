@@ -50,6 +50,7 @@ import random
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -376,6 +377,9 @@ class Tracing(Observer):
         self.dropped = 0
         self._wake = threading.Event()
         self._stopping = False
+        self._given_up = False  # the stop's deadline passed: nothing more is exported
+        self._exporter_lock = threading.Lock()
+        self._exporter_stopped = False
         self._thread = threading.Thread(target=self._run, name="oip-trace-export", daemon=True)
         self._thread.start()
 
@@ -550,7 +554,7 @@ class Tracing(Observer):
     def flush(self, at_least: int = 1) -> None:
         """Export what is queued, while `at_least` requests are, in batches of `batch_size` requests at most."""
         queue = self.queue
-        while len(queue) >= at_least:
+        while len(queue) >= at_least and not self._given_up:
             batch = [queue.popleft() for _ in range(min(len(queue), self.batch_size))]
             ids = self.span_ids(sum(len(finished.phases) for finished in batch))  # the phases' span ids
             try:
@@ -567,15 +571,41 @@ class Tracing(Observer):
                         self.dropped)
             self.dropped = 0
 
-    def shutdown(self) -> None:
-        """Export what is queued and stop (at the server's stop)."""
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=30)
-        try:
-            self.provider.shutdown()  # the SDK's processor of models' own spans, and the exporter
-        except Exception:
-            log.exception("the trace exporter failed to flush")
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Export what is queued and stop (at the server's stop), by `deadline` (`time.monotonic()`; default: in
+        30 s, as the SDK's processor allows). Past it the export is given up: the exporter stops mid-retry and what
+        is still queued is dropped, told in the log, so that a collector that is down or silent cannot hold the
+        server past its graceful shutdown (and a pod past its grace period)."""
+
+        def stop() -> None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join()
+            try:
+                self.provider.shutdown()  # the SDK's processor of models' own spans
+            except Exception:
+                log.exception("the trace exporter failed to flush")
+            self._stop_exporter()
+
+        stopping = threading.Thread(target=stop, name="oip-trace-stop", daemon=True)
+        stopping.start()
+        stopping.join(max(0.0, (time.monotonic() + 30 if deadline is None else deadline) - time.monotonic()))
+        if not stopping.is_alive():
+            return
+        self._given_up = True  # `flush` takes no further batch
+        log.warning("the trace export did not finish within the graceful shutdown: %d queued traced request(s) "
+                    "dropped (the collector is down or slow)", len(self.queue))
+        self._stop_exporter()  # ends a retry's wait; an export still sending ends at its own timeout
+        stopping.join(1.0)
+
+    def _stop_exporter(self) -> None:
+        with self._exporter_lock:
+            stopped, self._exporter_stopped = self._exporter_stopped, True
+        if not stopped:
+            try:
+                self.exporter.shutdown()
+            except Exception:
+                log.exception("the trace exporter failed to stop")
 
 
 def _own_span_context(trace: Any) -> Callable[[int, int, Any, Any], Any]:
@@ -742,6 +772,24 @@ def _otlp_post(exporter: Any, protocol: str) -> Callable[[bytes, int], None] | N
     return post_grpc
 
 
+def _shared(exporter: Any) -> Any:
+    """The exporter as the SDK's processor of the spans models make sees it: that processor exports through it,
+    but its stop leaves the exporter running, for `Tracing.shutdown` stops the exporter (once, in time)."""
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    class Shared(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            return exporter.export(spans)
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+        def shutdown(self) -> None:
+            pass
+
+    return Shared()
+
+
 class _Encoded:
     """A batch already made into its export request, for the gRPC exporter below."""
 
@@ -830,7 +878,7 @@ def configure(service_name: str) -> Tracing | None:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: use otlp, console or none")
     attributes: Mapping[str, str] = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     provider = TracerProvider(resource=Resource.create(dict(attributes)))  # sampler: OTEL_TRACES_SAMPLER
-    provider.add_span_processor(BatchSpanProcessor(exporter))  # the spans models make themselves
+    provider.add_span_processor(BatchSpanProcessor(_shared(exporter)))  # the spans models make themselves
     trace.set_tracer_provider(provider)
     scope = InstrumentationScope(_SCOPE)  # what provider.get_tracer(_SCOPE) would have
     tracing = Tracing(provider, exporter, scope, _otlp_post(exporter, protocol) if protocol else None)

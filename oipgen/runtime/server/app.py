@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,6 +285,8 @@ async def serve(
         if not stop.is_set():
             raise RuntimeError("the REST server stopped unexpectedly")
     finally:
+        # Everything below (draining, the last trace export, unloading) fits in the graceful shutdown's time.
+        deadline = time.monotonic() + settings.graceful_shutdown_seconds
         if control is not None:
             control.close()
         await _shutdown(settings, http, http_task, grpc_server)
@@ -291,7 +294,7 @@ async def serve(
             metrics_http.should_exit = True
             await asyncio.gather(metrics_task, return_exceptions=True)
         if dataplane_made is not None and dataplane_made.tracing is not None:
-            await asyncio.to_thread(dataplane_made.tracing.shutdown)
+            await asyncio.to_thread(dataplane_made.tracing.shutdown, deadline)
         for sock in sockets:
             sock.close()
         await repository.unload_all()
