@@ -1139,11 +1139,12 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_tracing_off_imports_no_opentelemetry_sdk(on: bool, http_receiver: tuple[Receiver, str]) -> None:
+@pytest.mark.parametrize("environment", ["none", "exporter", "exporter, SDK disabled"])
+def test_tracing_off_imports_no_opentelemetry_sdk(environment: str, http_receiver: tuple[Receiver, str]) -> None:
     """With tracing off, a REST and a gRPC inference carrying a traceparent import nothing of OpenTelemetry's SDK
     or exporters: the request path cannot spend anything on them. (The same requests with tracing on do import
-    them. The API alone may be imported: recent FastAPI versions import it, and leave it unused.)"""
+    them. The API alone may be imported: recent FastAPI versions import it, and leave it unused.) Tracing is off
+    without an exporter named, and with one where the standard `OTEL_SDK_DISABLED=true` turns the SDK off."""
     import subprocess
     import sys
 
@@ -1152,8 +1153,11 @@ def test_tracing_off_imports_no_opentelemetry_sdk(on: bool, http_receiver: tuple
     _, endpoint = http_receiver
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     env["PYTHONPATH"] = str(GENERATED)
-    if on:
+    if environment != "none":
         env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint)
+    if environment.endswith("SDK disabled"):
+        env["OTEL_SDK_DISABLED"] = "True"  # read as the SDK reads it: whatever the case
+    on = environment == "exporter"
     done = subprocess.run([sys.executable, "-c", OFF_PATH, str(ROOT / "examples" / "models" / "simple")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

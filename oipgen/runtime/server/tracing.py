@@ -849,6 +849,9 @@ def configure(service_name: str) -> Tracing | None:
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if not exporter_name or exporter_name == "none":
         return None
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":  # the standard switch, as the SDK reads it
+        log.info("tracing off: OTEL_SDK_DISABLED=true")
+        return None
     from opentelemetry import trace
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
