@@ -164,11 +164,11 @@ class Receiver:
         request = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
         with self.lock:
             for resource in request.resource_spans:
-                service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
+                attributes = {a.key: _any(a.value) for a in resource.resource.attributes}
                 for scope in resource.scope_spans:
                     for span in scope.spans:
                         self.spans.append({
-                            "service": service, "name": span.name, "trace_id": span.trace_id.hex(),
+                            "service": attributes.get("service.name"), "resource": attributes, "name": span.name, "trace_id": span.trace_id.hex(),
                             "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
                             "attributes": {a.key: _any(a.value) for a in span.attributes},
                             "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
@@ -410,6 +410,7 @@ def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str,
         "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "oip-under-test",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": ratio,
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci,service.namespace=oip",
     }
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
@@ -468,6 +469,9 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
             stub.ModelInfer(request, timeout=TIMEOUT, metadata=(("traceparent", f"00-{grpc_trace}-{grpc_parent}-01"),))
         rest_span, children = check_trace(receiver.trace(rest_trace, 5), rest_parent, "rest", "traced-rest")
         assert {c["name"] for c in children} == PHASES and len(children) == 4, children
+        # The resource is the SDK's, from the standard variables
+        assert rest_span["resource"]["deployment.environment.name"] == "ci", rest_span["resource"]
+        assert rest_span["resource"]["service.namespace"] == "oip" and rest_span["service"] == "oip-under-test"
         grpc_span, children = check_trace(receiver.trace(grpc_trace, 5), grpc_parent, "grpc", "traced-grpc")
         assert [c["name"] for c in children] == ["compute_input", "queue", "compute_infer", "compute_output"]
         # The access-log lines of the traced requests carry their ids, over both transports.
