@@ -168,7 +168,8 @@ class Receiver:
                 for scope in resource.scope_spans:
                     for span in scope.spans:
                         self.spans.append({
-                            "service": attributes.get("service.name"), "resource": attributes, "name": span.name, "trace_id": span.trace_id.hex(),
+                            "service": attributes.get("service.name"), "resource": attributes,
+                            "name": span.name, "trace_id": span.trace_id.hex(),
                             "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
                             "attributes": {a.key: _any(a.value) for a in span.attributes},
                             "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
