@@ -4,6 +4,7 @@ happened, however it is counted on the hot path. Requests go through the REST ap
 - Pending requests are those started less those the statistics counted as finished: a request in flight counts,
   queued or running, and stops counting when it ends, failed or not.
 - Each thread counts in its own dictionaries: counts of many threads, some ended, scraped while they count, add up.
+- As Triton, a loaded model version has every one of Triton's samples from the start, at zero.
 - The latency histogram is the statistics' own: its count is the successes, its sum the records' durations, each
   request in the bucket its duration falls in.
 """
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, Settings, TensorSpec
-from oip.server.metrics import Family
+from oip.server.metrics import Metric, render
 from oip.server.rest import create_app
 from oip.server.timing import InferenceRecord, Observer
 
@@ -66,8 +67,24 @@ def body(x: float) -> dict[str, Any]:
     return {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [x]}]}
 
 
-def samples(families: list[Family], name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {labels: v for f in families for (sample, labels), v in f.samples.items() if sample == name}
+def samples(families: list[Metric], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(s.labels.items()): s.value for f in families for s in f.samples if s.name == name}
+
+
+def test_a_loaded_model_has_its_samples_before_it_serves() -> None:
+    dp = plane(Gate())
+    assert dp.metrics is not None
+    families = {f.name: f for f in dp.metrics.families()}
+    for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+                 "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                 "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                 "nv_inference_compute_output_duration_us", "nv_inference_pending_request_count"):
+        assert samples([families[name]], name) == {KEY: 0}, name
+    failures = samples([families["nv_inference_request_failure"]], "nv_inference_request_failure")
+    assert failures == {(*KEY, ("reason", r)): 0 for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
+    text = render(families.values()).decode()
+    assert '# TYPE nv_inference_count counter\nnv_inference_count{model="gate",version="1"} 0.0\n' in text
+    assert "_total" not in text.split("# HELP oip_requests_total")[0]  # Triton's counters keep Triton's names
 
 
 @pytest.mark.parametrize("model_threads", [1, 4])  # queued for a model thread, or running

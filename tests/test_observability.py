@@ -93,13 +93,17 @@ MODELS = {
             def load(self):
                 self.seen = self.metrics.counter("counting_values_total", "Values seen, by sign", ["sign"])
                 self.last = self.metrics.gauge("counting_last_sum", "Sum of the last input")
+                self.sizes = self.metrics.histogram("counting_request_values", "Values per request", buckets=[1, 2, 4])
+                self.busy = self.metrics.gauge("counting_busy", "Requests being counted")
 
             def infer(self, inputs, parameters):
-                values = inputs["INPUT0"]
-                self.seen.labels(sign="positive").inc(int((values > 0).sum()))
-                self.seen.labels(sign="other").inc(int((values <= 0).sum()))
-                self.last.set(float(values.sum()))
-                return {"OUTPUT0": values}
+                with self.busy.track_inprogress():  # prometheus_client's own API, through the model's labels
+                    values = inputs["INPUT0"]
+                    self.seen.labels(sign="positive").inc(int((values > 0).sum()))
+                    self.seen.labels(sign="other").inc(int((values <= 0).sum()))
+                    self.last.set(float(values.sum()))
+                    self.sizes.observe(values.size)
+                    return {"OUTPUT0": values}
     '''),
     "spanning": ('class = "model:Spanning"\n', '''
         from opentelemetry import trace
@@ -347,7 +351,7 @@ def test_time_to_first_response_of_a_decoupled_model(metered: Server) -> None:
     samples = scrape(metered.url)
     assert value(samples, "nv_inference_first_response_histogram_ms_count", model="words", version="1") == 1
     bounds = {dict(k)["le"] for k in samples["nv_inference_first_response_histogram_ms_bucket"]}
-    assert bounds == {"1", "2", "500", "+Inf"}  # the seconds' bounds, in milliseconds
+    assert bounds == {"1.0", "2.0", "500.0", "+Inf"}  # the seconds' bounds, in milliseconds (as Go writes floats)
 
 
 def test_a_model_exports_its_own_metrics(metered: Server) -> None:
@@ -360,6 +364,11 @@ def test_a_model_exports_its_own_metrics(metered: Server) -> None:
     assert value(samples, "counting_values_total", **labels, sign="positive") == 3
     assert value(samples, "counting_values_total", **labels, sign="other") == 1
     assert value(samples, "counting_last_sum", **labels) == 7.0
+    assert samples["counting_busy"] == {tuple(sorted(labels.items())): 0}
+    assert value(samples, "counting_request_values_bucket", **labels, le="1.0") == 0
+    assert value(samples, "counting_request_values_bucket", **labels, le="2.0") == 2
+    assert value(samples, "counting_request_values_sum", **labels) == 4
+    assert not [name for name in samples if name.endswith("_created")]  # Triton's exposition has none
 
 
 def access_lines(server: Server, *request_ids: str) -> list[dict[str, Any]]:

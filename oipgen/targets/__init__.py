@@ -59,7 +59,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     # is 6.31.1 or newer within major 6 (7 accepts it too), and a grpc stub that wants grpcio 1.76 or newer.
     "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
     "server": (
-        "fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "httpx>=0.27,<1",
+        "fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "httpx>=0.27,<1", "prometheus-client>=0.20,<1",
         "opentelemetry-api>=1.25,<2", "opentelemetry-sdk>=1.25,<2", "opentelemetry-exporter-otlp-proto-http>=1.25,<2",
         "opentelemetry-exporter-otlp-proto-grpc>=1.25,<2",
     ),

@@ -38,7 +38,7 @@ from google.protobuf.message import Message
 from ..grpc import grpc_service_pb2 as pb
 from .dataplane import DataPlane
 from .errors import ErrorKind, OipError
-from .metrics import Family, merge
+from .metrics import Metric, from_json, merge, to_json
 from .repository import ModelRepository
 from .settings import Settings
 
@@ -189,12 +189,12 @@ class ClusterDataPlane(DataPlane):
         others = await self.peers.call_all("model_statistics", request)
         return merge_statistics([own, *(o for o in others if isinstance(o, pb.ModelStatisticsResponse))])
 
-    async def metric_families(self) -> list[Family]:
+    async def metric_families(self) -> list[Metric]:
         own = await super().metric_families()
         if self.metrics is None:
             return own
         others = await self.peers.call_all(_METRICS, pb.ServerLiveRequest())
-        return merge([own, *([Family.from_json(doc) for doc in answer] for answer in others)])
+        return merge([own, *([from_json(doc) for doc in answer] for answer in others)])
 
     async def copy_state_from_peers(self) -> None:
         """Make this (restarted) worker's models and regions those of a running worker."""
@@ -258,7 +258,7 @@ class ControlServer:
                 if name == _METRICS:
                     metrics = asyncio.run_coroutine_threadsafe(DataPlane.metric_families(self.dataplane), self.loop)
                     families = metrics.result(_PEER_TIMEOUT)
-                    answer = b"ok\0" + json.dumps([f.to_json() for f in families]).encode()
+                    answer = b"ok\0" + json.dumps([to_json(f) for f in families]).encode()
                 else:
                     request = _OPERATIONS[name].FromString(body)
                     future = asyncio.run_coroutine_threadsafe(self.dataplane.local(name)(request), self.loop)

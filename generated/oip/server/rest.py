@@ -57,7 +57,7 @@ from .dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
 from .errors import HTTP_STATUS, ErrorKind, InvalidRequest, ModelFailure, OipError, TooLarge, Unimplemented, bounded
 from .http import BUFFER_BODIES
-from .metrics import CONTENT_TYPE, Family, render
+from .metrics import CONTENT_TYPE, Metric, render
 from .model_openapi import model_document
 from .openapi import DOCUMENT
 from .repository import ModelRepository
@@ -249,7 +249,7 @@ def create_app(dataplane: DataPlaneBase, settings: Settings) -> OipApp:
     metrics = getattr(dataplane, "metrics", None)
     if settings.metrics and metrics is not None:
         # The data plane's (a worker's answers the sum over the workers); DataPlaneBase has no metrics.
-        families: Callable[[], Awaitable[list[Family]]] = getattr(dataplane, "metric_families")  # noqa: B009
+        families: Callable[[], Awaitable[list[Metric]]] = getattr(dataplane, "metric_families")  # noqa: B009
 
         async def serve_metrics(request: Request) -> Response:
             request.scope["oip_operation"] = "metrics"

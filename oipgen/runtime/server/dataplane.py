@@ -31,7 +31,7 @@ from .classification import CLASSIFICATION
 from .configuration import model_config
 from .dataplane_base import DataPlaneBase
 from .errors import InvalidRequest, NotReady, Unimplemented
-from .metrics import Family, Metrics
+from .metrics import Metric, Metrics
 from .model import Model, TensorSpec
 from .pipeline import PARAMETERS, SHARED_MEMORY, Pipeline
 from .repository import ModelRepository
@@ -187,7 +187,7 @@ class DataPlane(DataPlaneBase):
                 await aclose()
     # --- metrics ------------------------------------------------------------------------------------------
 
-    async def metric_families(self) -> list[Family]:
+    async def metric_families(self) -> list[Metric]:
         """Every metric of the server (`metrics`); none when metrics are off."""
         return self.metrics.families() if self.metrics is not None else []
 

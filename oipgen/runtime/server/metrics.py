@@ -1,24 +1,28 @@
 """Prometheus metrics: Triton's inference metrics, latency histograms, request counts per transport, model metrics.
 
-Served at `GET /metrics` on the REST port (and on `--metrics-port` if set) in Prometheus' text format.
+Served at `GET /metrics` on the REST port (and on `--metrics-port` if set) in Prometheus' text format, by
+prometheus_client: its metric families, its registry and collectors, its exposition.
 
 - Triton's names and meanings, labels `model` and `version`: `nv_inference_request_success`,
   `nv_inference_request_failure` (and its `reason`: REJECTED for a request refused by validation, BACKEND for a
   model failure, CANCELED for a caller that went away, OTHER otherwise), `nv_inference_count`,
   `nv_inference_exec_count`, `nv_inference_pending_request_count`, and the cumulative microsecond counters
   `nv_inference_request_duration_us`, `nv_inference_queue_duration_us` and
-  `nv_inference_compute_{input,infer,output}_duration_us`. They are read from the statistics extension at scrape
-  time (`statistics.Statistics`, fed by the same inference timer), so both always agree: a duration in
-  microseconds is the statistics' nanoseconds // 1000.
+  `nv_inference_compute_{input,infer,output}_duration_us`. As Triton, every model version that is loaded has them
+  all, at zero until it serves. They are read from the statistics extension at scrape time
+  (`statistics.Statistics`, fed by the same inference timer), so both always agree: a duration in microseconds is
+  the statistics' nanoseconds // 1000.
 - `nv_inference_request_duration_seconds` (a histogram of request durations) and
   `nv_inference_first_response_histogram_ms` (time to a decoupled model's first response), buckets configurable.
 - `oip_requests_total{transport, operation, code}`: every request of every operation, by transport (rest, grpc)
   and answer (the HTTP status, or the gRPC code's name).
-- Metrics of model code (`Model.metrics`): counters, gauges and histograms a model registers, with its `model`
-  and `version` labels.
+- Metrics of model code (`Model.metrics`): prometheus_client's Counter, Gauge and Histogram, with the model's
+  `model` and `version` labels.
 
-The exposition is written here rather than by prometheus_client: Triton's counters are named without the
-`_total` suffix that prometheus_client adds to every counter, and dashboards built for Triton query those names.
+Triton's counters are named without the `_total` suffix that prometheus_client gives every counter it writes, and
+dashboards built for Triton query those names: they are prometheus_client families whose samples keep Triton's
+names, and `render` writes their HELP and TYPE lines under the same names.
+
 A request costs the hot path one dictionary update in the calling thread's own counts (its answer) and no lock
 of the metrics: its end and its duration's bucket are counted by the statistics, under the lock they take anyway,
 and the scrape reads pending requests from the model repository, which counts the requests holding each model. With
@@ -28,12 +32,15 @@ and the scrape reads pending requests from the model repository, which counts th
 
 from __future__ import annotations
 
-import bisect
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.utils import floatToGoString
 
 from .errors import ErrorKind
 from .settings import Settings
@@ -43,13 +50,17 @@ from .timing import InferenceRecord, Observer
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_BUCKETS",
-    "Family",
+    "Metric",
     "Metrics",
+    "ModelMetric",
     "ModelMetrics",
+    "from_json",
     "merge",
     "render",
+    "to_json",
 ]
 
+# The text format Triton serves, and generate_latest writes.
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_BUCKETS: Final = Settings().metrics_buckets
 
@@ -64,110 +75,7 @@ REASONS: Final[dict[ErrorKind, str]] = {
     ErrorKind.MODEL_FAILURE: "BACKEND",
     ErrorKind.CANCELLED: "CANCELED",
 }
-
-Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass
-class Family:
-    """One metric family: its samples by (sample name, labels)."""
-
-    name: str
-    type: str  # counter, gauge, histogram
-    help: str
-    samples: dict[tuple[str, Labels], float] = field(default_factory=dict)
-
-    def add(self, sample: str, labels: Labels, value: float) -> None:
-        key = (sample, labels)
-        self.samples[key] = self.samples.get(key, 0.0) + value
-
-    def to_json(self) -> list[Any]:
-        samples = [[s, [list(kv) for kv in lb], v] for (s, lb), v in self.samples.items()]
-        return [self.name, self.type, self.help, samples]
-
-    @staticmethod
-    def from_json(doc: list[Any]) -> Family:
-        family = Family(str(doc[0]), str(doc[1]), str(doc[2]))
-        for sample, labels, value in doc[3]:
-            family.add(str(sample), tuple((str(k), str(v)) for k, v in labels), float(value))
-        return family
-
-
-def merge(groups: Iterable[Iterable[Family]]) -> list[Family]:
-    """Families of several processes as one: samples with the same name and labels add up."""
-    merged: dict[str, Family] = {}
-    for families in groups:
-        for family in families:
-            target = merged.setdefault(family.name, Family(family.name, family.type, family.help))
-            for (sample, labels), value in family.samples.items():
-                target.add(sample, labels, value)
-    return list(merged.values())
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _number(value: float) -> str:
-    if value == math.inf:
-        return "+Inf"
-    if value.is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(value)
-
-
-def render(families: Iterable[Family]) -> bytes:
-    """Prometheus' text exposition format (version 0.0.4)."""
-    out: list[str] = []
-    for family in sorted(families, key=lambda f: f.name):
-        help_text = family.help.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {family.name} {help_text}")
-        out.append(f"# TYPE {family.name} {family.type}")
-        for (sample, labels), value in sorted(family.samples.items(), key=_sample_order):
-            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            out.append(f"{sample}{{{text}}} {_number(value)}" if text else f"{sample} {_number(value)}")
-    return ("\n".join(out) + "\n").encode()
-
-
-def _sample_order(item: tuple[tuple[str, Labels], float]) -> tuple[Any, ...]:
-    (sample, labels), _ = item
-    rest = tuple(kv for kv in labels if kv[0] != "le")
-    le = next((float(v.replace("+Inf", "inf")) for k, v in labels if k == "le"), 0.0)
-    return (rest, sample, le)
-
-
-class _Histogram:
-    """Cumulative bucket counts, a sum and a count per label set (Prometheus' histogram)."""
-
-    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
-        self.name = name
-        self.help = help_text
-        self.bounds = sorted(set(buckets))
-        self.data: dict[Labels, list[float]] = {}  # per labels: one count per bound, +Inf, sum
-
-    def observe(self, labels: Labels, value: float) -> None:
-        row = self.row(labels)
-        row[bisect.bisect_left(self.bounds, value)] += 1
-        row[-1] += value
-
-    def row(self, labels: Labels) -> list[float]:
-        """The counts of `labels` (made all zero on first use), updated in place: one per bound, +Inf, the sum."""
-        row = self.data.get(labels)
-        if row is None:
-            row = self.data[labels] = [0.0] * (len(self.bounds) + 2)
-        return row
-
-    def family(self) -> Family:
-        family = Family(self.name, "histogram", self.help)
-        for labels, row in self.data.items():
-            running = 0.0
-            for bound, count in zip([*self.bounds, math.inf], row[:-1], strict=True):
-                running += count
-                family.add(f"{self.name}_bucket", (*labels, ("le", _number(float(bound)))), running)
-            family.add(f"{self.name}_count", labels, running)
-            family.add(f"{self.name}_sum", labels, row[-1])
-        return family
-
+_FAILURE: Final = "nv_inference_request_failure"
 
 _COUNTERS: Final = (
     # name, help, statistics field, what of it
@@ -183,6 +91,81 @@ _COUNTERS: Final = (
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
      "compute_output", "us"),
 )
+# Counters named as Triton names them: no `_total`, on the family or its samples.
+_TRITON_COUNTERS: Final = frozenset([*(name for name, *_ in _COUNTERS), _FAILURE])
+
+
+# --- families: a scrape's answer, a worker's share of it, the text ------------------------------------------------
+
+
+def to_json(metric: Metric) -> list[Any]:
+    """A family as JSON (what a worker sends the one answering a scrape)."""
+    return [metric.name, metric.type, metric.documentation, [[s.name, s.labels, s.value] for s in metric.samples]]
+
+
+def from_json(doc: list[Any]) -> Metric:
+    metric = Metric(str(doc[0]), str(doc[2]), str(doc[1]))
+    for sample, labels, value in doc[3]:
+        metric.add_sample(str(sample), {str(k): str(v) for k, v in labels.items()}, float(value))
+    return metric
+
+
+def merge(groups: Iterable[Iterable[Metric]]) -> list[Metric]:
+    """Families of several processes as one: samples with the same name and labels add up."""
+    families: dict[str, Metric] = {}
+    sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for metrics in groups:
+        for metric in metrics:
+            if metric.name not in families:
+                families[metric.name] = Metric(metric.name, metric.documentation, metric.type)
+                sums[metric.name] = {}
+            family = sums[metric.name]
+            for sample in metric.samples:
+                key = (sample.name, tuple(sample.labels.items()))
+                family[key] = family.get(key, 0.0) + sample.value
+    for name, metric in families.items():
+        for (sample_name, labels), value in sums[name].items():
+            metric.add_sample(sample_name, dict(labels), value)
+    return list(families.values())
+
+
+class _Families:
+    """Families already collected, as prometheus_client's exposition takes them (anything with `collect`)."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self.metrics
+
+
+def render(metrics: Iterable[Metric]) -> bytes:
+    """Prometheus' text exposition format (version 0.0.4), written by prometheus_client, families by name."""
+    ordered = sorted(metrics, key=lambda m: m.name)
+    text = generate_latest(_Families(ordered))
+    # prometheus_client heads every counter family NAME_total; Triton's counters and their samples are NAME.
+    for metric in ordered:
+        if metric.type == "counter" and metric.name in _TRITON_COUNTERS:
+            name = metric.name.encode()
+            text = text.replace(b"# HELP " + name + b"_total ", b"# HELP " + name + b" ", 1)
+            text = text.replace(b"# TYPE " + name + b"_total counter\n", b"# TYPE " + name + b" counter\n", 1)
+    return text
+
+
+def _without_created(metrics: Iterable[Metric]) -> list[Metric]:
+    """The families without prometheus_client's `_created` samples (Triton's exposition has none)."""
+    out = []
+    for metric in metrics:
+        created = metric.name + "_created"
+        if any(s.name == created for s in metric.samples):
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            kept.samples = [s for s in metric.samples if s.name != created]
+            metric = kept
+        out.append(metric)
+    return out
+
+
+# --- the server's metrics -----------------------------------------------------------------------------------------
 
 
 class _Shard:
@@ -202,30 +185,36 @@ class _Shard:
 
 
 class Metrics(Observer):
-    """The server's metrics: an observer of the inference timer, and the counts the transports report.
+    """The server's metrics: an observer of the inference timer, and the counts the transports report; a
+    prometheus_client collector of them, in a registry with the models' own metrics (`registry`).
 
     A request costs the hot path little, and takes no lock of the metrics: each thread counts in its own
     dictionaries (`_Shard`), a scrape adds them up. A request's end, and its duration in the latency histogram, are
     counted by the statistics (`Statistics.keep_durations`), under the lock they take anyway; a transport counts
     its answer (`count`). The pending requests of a model version are those holding it in the model repository
-    (`inflight`: `ModelRepository.inflight`). Labels are made at scrape time.
+    (`inflight`: `ModelRepository.inflight`), which also tells which model versions are loaded. Labels are made at
+    scrape time.
     """
 
     def __init__(self, statistics: Statistics, inflight: Callable[[], Mapping[tuple[str, str], int]],
                  buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
         self.statistics = statistics
         self.inflight = inflight
-        self.failures: dict[tuple[Labels, str], int] = {}
-        self._lock = threading.Lock()  # failures, first responses, the list of shards
+        self.failures: dict[tuple[str, str, str], int] = {}  # (model, version, reason)
+        self._lock = threading.Lock()  # failures, the list of shards
         self._local = threading.local()  # .shard: this thread's
         self._shards: list[_Shard] = []
         self._ended = _Shard(threading.current_thread())  # the counts of threads that ended
         self._bounds = statistics.keep_durations(buckets)
-        self.first_response = _Histogram(
+        self.first_response = Histogram(
             "nv_inference_first_response_histogram_ms",
             "Duration from request to the first response of a decoupled model, in milliseconds",
-            [b * 1000.0 for b in buckets],
+            ["model", "version"], buckets=[b * 1000.0 for b in self._bounds], registry=None,
         )
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self.registry.register(self.first_response)
+        self.registry.register(MODEL_REGISTRY)
 
     def _shard(self) -> _Shard:
         """This thread's counts, made on its first count."""
@@ -260,18 +249,9 @@ class Metrics(Observer):
         return counted
 
     @property
-    def duration(self) -> _Histogram:
-        """The histogram of successful request durations, in seconds, as the statistics keep it."""
-        histogram = _Histogram("nv_inference_request_duration_seconds",
-                               "Inference request duration in seconds (successful requests)", self._bounds)
-        for (model, version), row in self.statistics.durations().items():
-            histogram.data[(("model", model), ("version", version))] = row
-        return histogram
-
-    @property
-    def pending(self) -> dict[Labels, int]:
-        """The requests of each model version that started and did not finish yet, by labels (those holding the
-        model in the repository: a request costs the metrics nothing at its start)."""
+    def pending(self) -> dict[tuple[tuple[str, str], ...], int]:
+        """The requests of each loaded model version that started and did not finish yet, by labels (those holding
+        the model in the repository: a request costs the metrics nothing at its start)."""
         return {(("model", model), ("version", version)): n for (model, version), n in self.inflight().items()}
 
     # --- the inference timer ------------------------------------------------------------------------------------
@@ -279,14 +259,11 @@ class Metrics(Observer):
     def request_finished(self, record: InferenceRecord) -> None:
         # The statistics count the request's end and its duration; what they do not tell is counted here.
         if record.error is not None:
-            failure = ((("model", record.model), ("version", record.version)),
-                       REASONS.get(record.error.kind, "OTHER"))
+            failure = (record.model, record.version, REASONS.get(record.error.kind, "OTHER"))
             with self._lock:
                 self.failures[failure] = self.failures.get(failure, 0) + 1
         elif record.first_response_ns is not None:
-            with self._lock:
-                self.first_response.observe((("model", record.model), ("version", record.version)),
-                                            record.first_response_ns / 1e6)
+            self.first_response.labels(record.model, record.version).observe(record.first_response_ns / 1e6)
 
     def request_ran_alone(self, record: InferenceRecord) -> None:
         # Model runs are not counted here (nv_inference_exec_count: the statistics), nor a plain success.
@@ -306,161 +283,128 @@ class Metrics(Observer):
 
     # --- a scrape -----------------------------------------------------------------------------------------------
 
-    def families(self) -> list[Family]:
-        """Every metric of this process (a worker's own, with --workers)."""
-        families = []
+    def families(self) -> list[Metric]:
+        """Every metric of this process (a worker's own, with --workers): this registry's families."""
+        return _without_created(self.registry.collect())
+
+    def collect(self) -> list[Metric]:
+        """The server's own families (prometheus_client's collector interface)."""
         stats = self.statistics.snapshot()
+        loaded = self.inflight()
+        versions = sorted({*stats, *loaded})  # as Triton: a loaded model version has its samples from the start
+        families: list[Metric] = []
         for name, help_text, source, what in _COUNTERS:
-            family = Family(name, "counter", help_text)
-            for (model, version), values in stats.items():
-                value = values[source]
+            family = Metric(name, help_text, "counter")
+            for model, version in versions:
+                value = stats.get((model, version), {}).get(source, 0)
                 if isinstance(value, tuple):  # (count, ns)
                     value = value[0] if what == "count" else value[1] // 1000
-                family.add(name, (("model", model), ("version", version)), float(value))
+                family.add_sample(name, {"model": model, "version": version}, float(value))
             families.append(family)
-        failure = Family("nv_inference_request_failure", "counter",
-                         "Number of failed inference requests, all batch sizes")
-        for model, version in stats:  # a zero sample for every model version, as Triton
-            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
-                labels: Labels = (("model", model), ("version", version), ("reason", reason))
-                failure.add("nv_inference_request_failure", labels, 0.0)
-        pendings = list(self.pending.items())
-        families_of_histograms = [self.duration.family()]
         with self._lock:
-            failures = list(self.failures.items())
-            families_of_histograms.append(self.first_response.family())
-        for (labels, reason), n in failures:
-            failure.add("nv_inference_request_failure", (*labels, ("reason", reason)), float(n))
+            failures = dict(self.failures)
+        failure = Metric(_FAILURE, "Number of failed inference requests, all batch sizes", "counter")
+        for model, version in sorted({*versions, *((m, v) for m, v, _ in failures)}):
+            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+                failure.add_sample(_FAILURE, {"model": model, "version": version, "reason": reason},
+                                   float(failures.get((model, version, reason), 0)))
         families.append(failure)
-        pending = Family("nv_inference_pending_request_count", "gauge",
-                         "Instantaneous number of pending requests awaiting execution per model")
-        for model, version in stats:
-            pending.add("nv_inference_pending_request_count", (("model", model), ("version", version)), 0.0)
-        for labels, n in pendings:
-            pending.add("nv_inference_pending_request_count", labels, float(n))
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Instantaneous number of pending requests awaiting execution per model",
+                                    labels=["model", "version"])
+        for model, version in versions:
+            pending.add_metric([model, version], float(loaded.get((model, version), 0)))
         families.append(pending)
-        families += families_of_histograms
-        requests = Family("oip_requests_total", "counter", "Requests answered, by transport, operation and answer")
-        for (transport, operation, code), n in self.requests.items():
-            labels = (("code", code), ("operation", operation), ("transport", transport))
-            requests.add("oip_requests_total", labels, float(n))
+        duration = HistogramMetricFamily("nv_inference_request_duration_seconds",
+                                         "Inference request duration in seconds (successful requests)",
+                                         labels=["model", "version"])
+        for (model, version), row in sorted(self.statistics.durations().items()):
+            buckets, running = [], 0.0  # the statistics keep a count per bucket, then +Inf's, then the sum
+            for bound, count in zip([*self._bounds, float("inf")], row[:-1], strict=True):
+                running += count
+                buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+            duration.add_metric([model, version], buckets, row[-1])
+        families.append(duration)
+        requests = CounterMetricFamily("oip_requests", "Requests answered, by transport, operation and answer",
+                                       labels=["code", "operation", "transport"])
+        for (transport, operation, code), n in sorted(self.requests.items()):
+            requests.add_metric([code, operation, transport], float(n))
         families.append(requests)
-        families += _model_families()
         return families
 
 
 # --- metrics of model code ------------------------------------------------------------------------------------
 
+# Every model's metrics, in one registry: a metric is registered once per process, by name, whichever model or
+# version registers it first; the server's registry collects this one.
+MODEL_REGISTRY: Final = CollectorRegistry()
 _MODEL_LOCK = threading.Lock()
-_MODEL_METRICS: dict[str, _UserMetric] = {}
+_MODEL_METRICS: dict[str, tuple[str, tuple[str, ...], MetricWrapperBase]] = {}  # name: kind, label names, metric
+_KINDS: Final[dict[str, type[MetricWrapperBase]]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 
-class _UserMetric:
-    """A metric registered by model code: one kind, one help text, its label names (`model` and `version` first)."""
+class ModelMetric(Generic[M]):
+    """A model's prometheus_client metric, its `model` and `version` labels given: `labels(...)` gives the values
+    of the label names it was registered with, and answers prometheus_client's own child (`inc`, `set`,
+    `observe`, `time`...). A metric registered with no other label names is that child: `metric.inc()`."""
 
-    def __init__(self, name: str, kind: str, help_text: str, labelnames: Sequence[str],
-                 buckets: Sequence[float]) -> None:
+    def __init__(self, metric: M, name: str, model: str, version: str, names: tuple[str, ...]) -> None:
+        self.metric: M = metric
         self.name = name
-        self.kind = kind
-        self.help = help_text
-        self.labelnames = ("model", "version", *labelnames)
-        self.values: dict[Labels, float] = {}
-        self.histogram = _Histogram(name, help_text, buckets) if kind == "histogram" else None
-        self.lock = threading.Lock()
+        self._model = model
+        self._version = version
+        self._names = names
 
-    def family(self) -> Family:
-        if self.histogram is not None:
-            with self.lock:
-                return self.histogram.family()
-        family = Family(self.name, self.kind, self.help)
-        with self.lock:
-            for labels, value in self.values.items():
-                family.add(self.name, labels, value)
-        return family
-
-
-def _model_families() -> list[Family]:
-    with _MODEL_LOCK:
-        metrics = list(_MODEL_METRICS.values())
-    return [m.family() for m in metrics]
-
-
-class ModelMetric:
-    """A model's counter, gauge or histogram, with the model's labels (and any others, set with `labels`)."""
-
-    def __init__(self, metric: _UserMetric, labels: Labels) -> None:
-        self._metric = metric
-        self._labels = labels
-
-    def labels(self, **values: str) -> ModelMetric:
+    def labels(self, **values: str) -> M:
         """This metric with values for the other label names it was registered with."""
-        names = self._metric.labelnames[2:]
-        if set(values) != set(names):
-            raise ValueError(f"metric {self._metric.name} takes the labels {list(names)}, got {sorted(values)}")
-        return ModelMetric(self._metric, self._labels[:2] + tuple((n, str(values[n])) for n in names))
+        if set(values) != set(self._names):
+            raise ValueError(f"metric {self.name} takes the labels {list(self._names)}, got {sorted(values)}")
+        return self.metric.labels(model=self._model, version=self._version, **values)
 
-    def _key(self) -> Labels:
-        if len(self._labels) != len(self._metric.labelnames):
-            raise ValueError(f"metric {self._metric.name} needs .labels({', '.join(self._metric.labelnames[2:])})")
-        return self._labels
-
-    def inc(self, amount: float = 1.0) -> None:
-        if self._metric.kind == "counter" and amount < 0:
-            raise ValueError("a counter only goes up")
-        self._add(amount)
-
-    def dec(self, amount: float = 1.0) -> None:
-        if self._metric.kind != "gauge":
-            raise ValueError("only a gauge goes down")
-        self._add(-amount)
-
-    def set(self, value: float) -> None:
-        if self._metric.kind != "gauge":
-            raise ValueError("only a gauge is set")
-        key = self._key()
-        with self._metric.lock:
-            self._metric.values[key] = float(value)
-
-    def observe(self, value: float) -> None:
-        if self._metric.histogram is None:
-            raise ValueError("only a histogram observes")
-        key = self._key()
-        with self._metric.lock:
-            self._metric.histogram.observe(key, float(value))
-
-    def _add(self, amount: float) -> None:
-        if self._metric.kind == "histogram":
-            raise ValueError("a histogram observes values")
-        key = self._key()
-        with self._metric.lock:
-            self._metric.values[key] = self._metric.values.get(key, 0.0) + amount
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        if self._names:
+            raise ValueError(f"metric {self.name} needs .labels({', '.join(self._names)}) before .{attribute}")
+        return getattr(self.labels(), attribute)
 
 
 class ModelMetrics:
     """What `Model.metrics` gives model code: register a metric once (by name), then update it."""
 
     def __init__(self, model: str, version: str) -> None:
-        self._labels: Labels = (("model", model), ("version", version))
+        self._model = model
+        self._version = version
 
     def _register(self, name: str, kind: str, help_text: str, labelnames: Sequence[str],
-                  buckets: Sequence[float]) -> ModelMetric:
-        if not name.replace("_", "a").isalnum() or name[0].isdigit() or name.startswith("nv_"):
-            raise ValueError(f"metric name {name!r}: use letters, digits and '_', not starting with a digit or nv_")
+                  buckets: Sequence[float]) -> Any:
+        if name.startswith(("nv_", "oip_")):
+            raise ValueError(f"metric name {name!r}: nv_ and oip_ are the server's")
+        names = tuple(labelnames)
+        metric: MetricWrapperBase
         with _MODEL_LOCK:
-            metric = _MODEL_METRICS.get(name)
-            if metric is None:
-                metric = _MODEL_METRICS[name] = _UserMetric(name, kind, help_text, labelnames, buckets)
-            elif metric.kind != kind or metric.labelnames[2:] != tuple(labelnames):
-                raise ValueError(f"metric {name!r} is already registered as a {metric.kind} with labels "
-                                 f"{list(metric.labelnames[2:])}")
-        return ModelMetric(metric, self._labels)
+            known = _MODEL_METRICS.get(name)
+            if known is None:
+                options: dict[str, Any] = {"buckets": buckets} if kind == "histogram" else {}
+                metric = _KINDS[kind](name, help_text, ["model", "version", *names], registry=MODEL_REGISTRY,
+                                      **options)
+                _MODEL_METRICS[name] = (kind, names, metric)
+            elif known[:2] != (kind, names):
+                raise ValueError(f"metric {name!r} is already registered as a {known[0]} with labels "
+                                 f"{list(known[1])}")
+            else:
+                metric = known[2]
+        return ModelMetric(metric, name, self._model, self._version, names)
 
-    def counter(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> ModelMetric:
-        return self._register(name, "counter", help_text, labelnames, ())
+    def counter(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> ModelMetric[Counter]:
+        """A counter; exported as NAME_total, as prometheus_client names counters (a NAME ending _total is kept)."""
+        return self._register(name, "counter", help_text, labelnames, ())  # type: ignore[no-any-return]
 
-    def gauge(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> ModelMetric:
-        return self._register(name, "gauge", help_text, labelnames, ())
+    def gauge(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> ModelMetric[Gauge]:
+        return self._register(name, "gauge", help_text, labelnames, ())  # type: ignore[no-any-return]
 
     def histogram(self, name: str, help_text: str, labelnames: Sequence[str] = (),
-                  buckets: Sequence[float] = DEFAULT_BUCKETS) -> ModelMetric:
-        return self._register(name, "histogram", help_text, labelnames, buckets)
+                  buckets: Sequence[float] = DEFAULT_BUCKETS) -> ModelMetric[Histogram]:
+        return self._register(name, "histogram", help_text, labelnames, buckets)  # type: ignore[no-any-return]
