@@ -4,10 +4,11 @@ metrics on, and every request traced (OTLP/HTTP to bench/otlp_sink.py), on each 
 The REST row drives the ASGI app directly (no sockets, no uvicorn); the gRPC row calls the handler that answers
 unary ModelInfer in a gRPC thread (no grpcio). Each measurement runs in a fresh process pinned to CPU 0 (the sink on
 CPU 1) and counts the CPU of every thread of it (the request's and the exporting one, up to the export of the last
-span) and of the request's thread alone; a generated package (default: this checkout's `generated/`) can be compared
-with another (`--other DIR`, for instance `git archive <commit> generated | tar -x -C DIR`). Noise on a shared
-machine is lower than `make bench`'s (no load generator, CPU time rather than throughput), but compare only figures
-of the same run.
+span) and of the request's thread alone. It also counts the Python calls a request makes on its thread: all of them,
+and those into the server's tracing module or OpenTelemetry (with tracing off: none, and OpenTelemetry's SDK is not
+even imported). A generated package (default: this checkout's `generated/`) can be compared with another
+(`--other DIR`, for instance `git archive <commit> generated | tar -x -C DIR`). Noise on a shared machine is lower
+than `make bench`'s (no load generator, CPU time rather than throughput), but compare only figures of the same run.
 
     python bench/trace_cost.py [--requests 20000] [--repeats 3] [--other DIR]
 """
@@ -102,13 +103,29 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
         start, start_thread = time.process_time(), time.thread_time()
         for _ in range(requests):
             await one()
-        thread = time.thread_time() - start_thread
+        thread, cpu = time.thread_time() - start_thread, time.process_time() - start
+        # What tracing does on a request's thread, by count: its calls, and whether OpenTelemetry's SDK is loaded.
+        calls = {"all": 0, "tracing": 0}
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls["all"] += 1
+                module = frame.f_globals.get("__name__", "")
+                if module.endswith(".server.tracing") or module.startswith("opentelemetry"):
+                    calls["tracing"] += 1
+
+        counted = 200
+        sys.setprofile(profile)
+        for _ in range(counted):
+            await one()
+        sys.setprofile(None)
         dropped = 0
         if dataplane.tracing is not None:  # what is still queued is exported, and counted
             dropped = dataplane.tracing.dropped
             dataplane.tracing.shutdown()
-        return {"cpu_us": (time.process_time() - start) / requests * 1e6, "thread_us": thread / requests * 1e6,
-                "dropped": dropped}
+        return {"cpu_us": cpu / requests * 1e6, "thread_us": thread / requests * 1e6,
+                "dropped": dropped, "calls": calls["all"] / counted, "tracing_calls": calls["tracing"] / counted,
+                "sdk": "opentelemetry.sdk" in sys.modules}
 
     return asyncio.run(main())
 
@@ -153,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                 for package in packages:
                     figures = {v: run(package, transport, v, args.requests, endpoint) for v in VARIANTS}
                     cells = " | ".join(
-                        f"{v} {f['cpu_us']:.1f} us (request's thread {f['thread_us']:.1f})" for v, f in figures.items()
+                        f"{v} {f['cpu_us']:.1f} us (request's thread {f['thread_us']:.1f}; "
+                        f"{f['calls']:.0f} calls, {f['tracing_calls']:.0f} of tracing; "
+                        f"SDK {'loaded' if f['sdk'] else 'not loaded'})" for v, f in figures.items()
                     )
                     added = figures["traced"]["cpu_us"] - figures["metrics"]["cpu_us"]
                     note = f"; {figures['traced']['dropped']} dropped" if figures["traced"]["dropped"] else ""

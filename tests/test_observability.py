@@ -1111,7 +1111,7 @@ def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:
 
 
 OFF_PATH = """
-import asyncio, json, sys
+import asyncio, json, sys, threading
 import httpx
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, ModelRepository, Settings, grpc_servicer
@@ -1133,6 +1133,15 @@ async def main():
     app = create_app(dataplane, settings)
     body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
                        for n in ("INPUT0", "INPUT1")]}
+    calls = []  # the functions of tracing and OpenTelemetry the requests call, on their threads
+
+    def profile(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and (module.endswith(".server.tracing") or module.startswith("opentelemetry")):
+            calls.append(module + "." + frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    threading.setprofile(profile)  # the model's threads, started with the first request
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://oip") as client:
         answer = await client.post("/v2/models/simple/infer", json=body,
                                    headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
@@ -1143,9 +1152,12 @@ async def main():
         message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         message.raw_input_contents.append(bytes(64))
     assert handler(message, Context()) is not grpc_servicer.NOT_HERE
+    sys.setprofile(None)
+    threading.setprofile(None)
     served = dataplane.statistics.for_model("simple", "1").inference_count
     print(json.dumps([served, dataplane.tracing is not None,
-                      sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter")))]))
+                      sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter"))),
+                      sorted(set(calls))]))
     if dataplane.tracing is not None:
         dataplane.tracing.shutdown()
 
@@ -1156,9 +1168,10 @@ asyncio.run(main())
 @pytest.mark.parametrize("environment", ["none", "exporter", "exporter, SDK disabled"])
 def test_tracing_off_imports_no_opentelemetry_sdk(environment: str, http_receiver: tuple[Receiver, str]) -> None:
     """With tracing off, a REST and a gRPC inference carrying a traceparent import nothing of OpenTelemetry's SDK
-    or exporters: the request path cannot spend anything on them. (The same requests with tracing on do import
-    them. The API alone may be imported: recent FastAPI versions import it, and leave it unused.) Tracing is off
-    without an exporter named, and with one where the standard `OTEL_SDK_DISABLED=true` turns the SDK off."""
+    or exporters, and call nothing of the server's tracing or of OpenTelemetry: tracing off costs them nothing.
+    (The same requests with tracing on do import and call them. The API alone may be imported: recent FastAPI
+    versions import it, and leave it unused.) Tracing is off without an exporter named, and with one where the
+    standard `OTEL_SDK_DISABLED=true` turns the SDK off."""
     import subprocess
     import sys
 
@@ -1175,9 +1188,10 @@ def test_tracing_off_imports_no_opentelemetry_sdk(environment: str, http_receive
     done = subprocess.run([sys.executable, "-c", OFF_PATH, str(ROOT / "examples" / "models" / "simple")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    served, traced, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    served, traced, imported, called = json.loads(done.stdout.strip().splitlines()[-1])
     assert (served, traced) == (2, on)
     assert bool(imported) == on, imported
+    assert bool(called) == on, called  # off, the requests call nothing of tracing (bench/trace_cost.py counts it)
 
 
 def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
