@@ -371,6 +371,25 @@ def test_a_model_exports_its_own_metrics(metered: Server) -> None:
     assert not [name for name in samples if name.endswith("_created")]  # Triton's exposition has none
 
 
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory, as the kernel reports it."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+
+def test_the_process_metrics(metered: Server) -> None:
+    samples = scrape(metered.url)
+    rss = resident_bytes(metered.process.pid)
+    assert 0.7 * rss < value(samples, "process_resident_memory_bytes") < 1.3 * rss
+    assert value(samples, "process_cpu_seconds_total") > 0
+    started = value(samples, "process_start_time_seconds")
+    assert time.time() - 600 < started <= time.time()
+    assert value(samples, "process_open_fds") > 0
+    (info,) = samples["python_info"].values()
+    assert info == 1
+    assert samples["python_gc_collections_total"]
+
+
 def access_lines(server: Server, *request_ids: str) -> list[dict[str, Any]]:
     """The JSON access-log lines of these requests, in this order, once all are logged (bounded wait)."""
     deadline = time.monotonic() + TIMEOUT

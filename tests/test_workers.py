@@ -221,7 +221,7 @@ def test_sigterm_drains_every_worker_and_exits_zero(tmp_path: Path) -> None:
 
 
 def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
-    from test_observability import scrape, value
+    from test_observability import resident_bytes, scrape, value
 
     since = log_size(cluster)
     answers = infer_on_new_connections(cluster, CONNECTIONS)
@@ -237,3 +237,8 @@ def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
         assert value(samples, "nv_inference_count", **labels) == stats["inference_count"]
         histogram = value(samples, "nv_inference_request_duration_seconds_count", **labels)
         assert histogram == stats["inference_stats"]["success"]["count"]
+        # The process metrics: the workers' memory adds up; the interpreter is one, and so is the start time.
+        rss = [resident_bytes(pid) for pid in served_by(cluster, since)]
+        assert 1.2 * max(rss) < value(samples, "process_resident_memory_bytes") < 1.3 * sum(rss)
+        assert list(samples["python_info"].values()) == [1]
+        assert value(samples, "process_start_time_seconds") <= time.time()

@@ -18,6 +18,8 @@ prometheus_client: its metric families, its registry and collectors, its exposit
   and answer (the HTTP status, or the gRPC code's name).
 - Metrics of model code (`Model.metrics`): prometheus_client's Counter, Gauge and Histogram, with the model's
   `model` and `version` labels.
+- The process's, as every prometheus_client application exports them: `process_cpu_seconds_total`,
+  `process_resident_memory_bytes`, open file descriptors, start time, `python_info`, `python_gc_*`.
 
 Triton's counters are named without the `_total` suffix that prometheus_client gives every counter it writes, and
 dashboards built for Triton query those names: they are prometheus_client families whose samples keep Triton's
@@ -27,7 +29,8 @@ A request costs the hot path one dictionary update in the calling thread's own c
 of the metrics: its end and its duration's bucket are counted by the statistics, under the lock they take anyway,
 and the scrape reads pending requests from the model repository, which counts the requests holding each model. With
 `--workers N` a scrape answered by any worker is the sum over the workers: it asks the others for their samples
-(`cluster`) and adds them up, sample by sample (a gauge is summed too).
+(`cluster`) and adds them up, sample by sample (a gauge is summed too: the workers' memory), but for a start time
+(the earliest) and what is the same in each (`process_max_fds`, `python_info`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
@@ -93,6 +104,12 @@ _COUNTERS: Final = (
 )
 # Counters named as Triton names them: no `_total`, on the family or its samples.
 _TRITON_COUNTERS: Final = frozenset([*(name for name, *_ in _COUNTERS), _FAILURE])
+# How the samples of the workers add up, where not summed.
+_ACROSS_WORKERS: Final[dict[str, Callable[[float, float], float]]] = {
+    "process_start_time_seconds": min,  # the server started when its first worker did
+    "process_max_fds": max,  # a limit, each worker's own
+    "python_info": max,  # the same interpreter in each
+}
 
 
 # --- families: a scrape's answer, a worker's share of it, the text ------------------------------------------------
@@ -111,7 +128,8 @@ def from_json(doc: list[Any]) -> Metric:
 
 
 def merge(groups: Iterable[Iterable[Metric]]) -> list[Metric]:
-    """Families of several processes as one: samples with the same name and labels add up."""
+    """Families of several processes as one: samples with the same name and labels add up (`_ACROSS_WORKERS`
+    says where they combine otherwise)."""
     families: dict[str, Metric] = {}
     sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for metrics in groups:
@@ -120,9 +138,11 @@ def merge(groups: Iterable[Iterable[Metric]]) -> list[Metric]:
                 families[metric.name] = Metric(metric.name, metric.documentation, metric.type)
                 sums[metric.name] = {}
             family = sums[metric.name]
+            combine = _ACROSS_WORKERS.get(metric.name, float.__add__)
             for sample in metric.samples:
                 key = (sample.name, tuple(sample.labels.items()))
-                family[key] = family.get(key, 0.0) + sample.value
+                value = float(sample.value)
+                family[key] = combine(family[key], value) if key in family else value
     for name, metric in families.items():
         for (sample_name, labels), value in sums[name].items():
             metric.add_sample(sample_name, dict(labels), value)
@@ -215,6 +235,9 @@ class Metrics(Observer):
         self.registry.register(self)
         self.registry.register(self.first_response)
         self.registry.register(MODEL_REGISTRY)
+        ProcessCollector(registry=self.registry)  # the process's CPU, memory, file descriptors, start time
+        PlatformCollector(registry=self.registry)  # python_info
+        GCCollector(registry=self.registry)  # python_gc_*
 
     def _shard(self) -> _Shard:
         """This thread's counts, made on its first count."""
