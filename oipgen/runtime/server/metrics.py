@@ -164,24 +164,20 @@ def render(metrics: Iterable[Metric]) -> bytes:
     ordered = sorted(metrics, key=lambda m: m.name)
     text = generate_latest(_Families(ordered))
     # prometheus_client heads every counter family NAME_total; Triton's counters and their samples are NAME.
-    for metric in ordered:
-        if metric.type == "counter" and metric.name in _TRITON_COUNTERS:
-            name = metric.name.encode()
-            text = text.replace(b"# HELP " + name + b"_total ", b"# HELP " + name + b" ", 1)
-            text = text.replace(b"# TYPE " + name + b"_total counter\n", b"# TYPE " + name + b" counter\n", 1)
+    for name in sorted(_TRITON_COUNTERS):
+        raw = name.encode()
+        text = text.replace(b"# HELP " + raw + b"_total ", b"# HELP " + raw + b" ", 1)
+        text = text.replace(b"# TYPE " + raw + b"_total counter\n", b"# TYPE " + raw + b" counter\n", 1)
     return text
 
 
 def _without_created(metrics: Iterable[Metric]) -> list[Metric]:
-    """The families without prometheus_client's `_created` samples (Triton's exposition has none)."""
-    out = []
-    for metric in metrics:
+    """The families without prometheus_client's `_created` samples (Triton's exposition has none). Each collect
+    makes new families, so they are filtered in place."""
+    out = list(metrics)
+    for metric in out:
         created = metric.name + "_created"
-        if any(s.name == created for s in metric.samples):
-            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
-            kept.samples = [s for s in metric.samples if s.name != created]
-            metric = kept
-        out.append(metric)
+        metric.samples = [s for s in metric.samples if s.name != created]
     return out
 
 
