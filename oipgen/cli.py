@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--model", metavar="NAME", help="the model (required with --server)")
     c.add_argument("--version", dest="model_version", default="", metavar="V",
                    help="the model version: its metadata, and the version the client asks for (default: the server's)")
+    c.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="the deadline of the whole fetch from --server: connect, TLS, request and answer (default 30)")
     c.add_argument("--out", type=Path, required=True, metavar="FILE.py", help="the module to write")
     c.add_argument("--package",
                    help="the generated package the module imports, dotted if vendored inside another "
@@ -179,7 +181,7 @@ def _report_problems(spec: object, e: Any) -> None:
 
 def _client(args: argparse.Namespace) -> int:
     from .load import load_datatypes
-    from .model_client import ClientError, fetch_metadata, model_info, read_metadata, render_client
+    from .model_client import ClientError, fetch_metadata, one_line, read_metadata, render_client
     from .problems import SpecError
 
     config, root = _config(Path.cwd())
@@ -194,13 +196,13 @@ def _client(args: argparse.Namespace) -> int:
         except SpecError as e:
             raise ClientError(f"cannot read the datatype table of {spec} ({e}); pass --spec DIR") from None
         if args.server is not None:
-            doc = fetch_metadata(args.server, args.model, args.model_version)
+            doc = fetch_metadata(args.server, args.model, args.model_version, deadline=args.timeout)
         else:
             doc = read_metadata(args.metadata)
-        model = model_info(doc, datatypes, model=args.model, version=args.model_version)
-        text = render_client(model, package=args.package or str(config.get("package", "oip")), templates=templates)
+        model, text = render_client(doc, datatypes, model=args.model, version=args.model_version,
+                                    package=args.package or str(config.get("package", "oip")), templates=templates)
     except ClientError as e:
-        print(f"oipgen: {e}", file=sys.stderr)
+        print(f"oipgen: {one_line(str(e))}", file=sys.stderr)
         return EXIT_REFUSED
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -208,11 +210,11 @@ def _client(args: argparse.Namespace) -> int:
         if not unchanged:
             args.out.write_text(text, encoding="utf-8")
     except OSError as e:
-        print(f"oipgen: cannot write {args.out}: {e}", file=sys.stderr)
+        print(one_line(f"oipgen: cannot write {args.out}: {e}"), file=sys.stderr)
         return EXIT_REFUSED
     inputs = ", ".join(t.python for t in model.inputs)
-    print(f"oipgen: {args.out} {'unchanged' if unchanged else 'written'}: a typed client of model '{model.name}' "
-          f"(infer({inputs}))")
+    print(one_line(f"oipgen: {args.out} {'unchanged' if unchanged else 'written'}: a typed client of model "
+                   f"{model.name!r} (infer({inputs}))"))
     return 0
 
 
