@@ -305,3 +305,14 @@ def test_a_server_that_drips_bytes_cannot_hold_the_command_past_its_deadline(whe
         result = client(server, out, "--timeout", "2", timeout=60)
         assert not server.finished.is_set()  # the server was still dripping when the command gave up
     assert_refused(result, out, "no complete answer within 2 s")
+
+
+def test_refusals_are_one_printable_line_whatever_the_command_line_holds(tmp_path: Path) -> None:
+    """Paths, addresses and names from the command line are escaped in a refusal like the server's text."""
+    out = tmp_path / "x.py"
+    for args in (["--metadata", str(tmp_path / "no\nsuch\u2028file.json")],
+                 ["--server", "http://exa\x0bmple\u2028host:1", "--model", "m"],
+                 ["--server", "http://127.0.0.1:1", "--model", "m\udcff"],
+                 ["--server", "gopher://127.0.0.1:1\x1c", "--model", "m"]):
+        message = assert_refused(oipgen_timed(60, "client", *args, "--out", str(out)), out)
+        assert message[:-1].isprintable(), message
