@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--model", metavar="NAME", help="the model (required with --server)")
     c.add_argument("--version", dest="model_version", default="", metavar="V",
                    help="the model version: its metadata, and the version the client asks for (default: the server's)")
-    c.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+    c.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="the deadline of the whole fetch from --server: connect, TLS, request and answer (default 30)")
     c.add_argument("--out", type=Path, required=True, metavar="FILE.py", help="the module to write")
     c.add_argument("--package",
@@ -181,7 +181,7 @@ def _report_problems(spec: object, e: Any) -> None:
 
 def _client(args: argparse.Namespace) -> int:
     from .load import load_datatypes
-    from .model_client import ClientError, fetch_metadata, one_line, read_metadata, render_client
+    from .model_client import FETCH_DEADLINE, ClientError, fetch_metadata, one_line, read_metadata, render_client
     from .problems import SpecError
 
     config, root = _config(Path.cwd())
@@ -196,7 +196,8 @@ def _client(args: argparse.Namespace) -> int:
         except SpecError as e:
             raise ClientError(f"cannot read the datatype table of {spec} ({e}); pass --spec DIR") from None
         if args.server is not None:
-            doc = fetch_metadata(args.server, args.model, args.model_version, deadline=args.timeout)
+            doc = fetch_metadata(args.server, args.model, args.model_version,
+                                 deadline=FETCH_DEADLINE if args.timeout is None else args.timeout)
         else:
             doc = read_metadata(args.metadata)
         model, text = render_client(doc, datatypes, model=args.model, version=args.model_version,
@@ -206,7 +207,7 @@ def _client(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        unchanged = args.out.is_file() and args.out.read_text(encoding="utf-8") == text
+        unchanged = args.out.is_file() and args.out.read_bytes() == text.encode("utf-8")
         if not unchanged:
             args.out.write_text(text, encoding="utf-8")
     except OSError as e:
