@@ -14,7 +14,8 @@ from . import __version__
 
 EXIT_STALE = 1
 EXIT_SPEC = 2
-EXIT_REFUSED = 1  # scaffold, client: a file exists, an argument is invalid or the metadata unusable; nothing written
+EXIT_REFUSED = 1  # scaffold, client: a file exists, an argument is invalid, the fetch failed or the metadata is
+#   unusable; nothing written
 EXIT_BREAKING = 1  # breaking: at least one change breaks existing clients or servers
 
 
