@@ -151,6 +151,15 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 
 def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """The sample `name` with exactly these labels; a sample that is not there fails (it never reads as 0)."""
+    key = tuple(sorted(labels.items()))
+    assert key in samples.get(name, {}), f"no sample {name}{dict(key)}; served: {sorted(samples.get(name, {}))}"
+    return float(samples[name][key])
+
+
+def count_before(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """A labelled counter read before the requests a test counts: its child for these labels appears with its
+    first count (prometheus_client), so before that it is absent, which is 0 here (and only here)."""
     return float(samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0))
 
 
@@ -316,7 +325,7 @@ def test_histograms_and_requests_by_transport(metered: Server) -> None:
     after = scrape(metered.url)
 
     def delta(**labels: str) -> float:
-        return value(after, "oip_requests_total", **labels) - value(before, "oip_requests_total", **labels)
+        return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
 
     assert delta(transport="rest", operation="model_infer", code="200") == 1
     assert delta(transport="rest", operation="model_infer", code="404") == 1
