@@ -4,7 +4,8 @@ report what a pod's probes and clients see. Run by test_deploy.py; prints one JS
     python deploy_pod.py PLAN.json
 
 PLAN: `command` (the Containerfile's CMD, word for word), `repository` (stands for /mnt/models), `model_dir`,
-`healthcheck` (the HEALTHCHECK's command), `probes` (the ServingRuntime's probes: kind -> httpGet), `pythonpath` (the image's /app), `grace_seconds` (the pod's).
+`healthcheck` (the HEALTHCHECK's command), `probes` (the ServingRuntime's probes: kind -> httpGet), `pythonpath`
+(the image's /app), `grace_seconds` (the pod's).
 """
 
 from __future__ import annotations

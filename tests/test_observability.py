@@ -443,15 +443,23 @@ def test_metrics_off(repository: Path, tmp_path: Path) -> None:
 
 
 def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str, sampler: str = "parentbased_always_on",
-                  ratio: str = "", ready: tuple[str, ...] = ("simple",), options: tuple[str, ...] = ()) -> Server:
-    env = {
-        "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "oip-under-test",
+                  ratio: str = "", ready: tuple[str, ...] = ("simple",), options: tuple[str, ...] = (),
+                  exporter: str | None = "otlp") -> Server:
+    """A server with the OpenTelemetry environment pointing at `endpoint`; `exporter` None leaves
+    OTEL_TRACES_EXPORTER unset (everything else set)."""
+    env: dict[str, str | None] = {
+        "OTEL_TRACES_EXPORTER": exporter, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_SERVICE_NAME": "oip-under-test",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": ratio,
         "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci,service.namespace=oip",
     }
     saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    for key, setting in env.items():
+        if setting is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = setting
     try:
         return start_server(repository, workdir, "--log-format", "json", "--access-log", *options, ready=ready)
     finally:
@@ -1222,14 +1230,25 @@ def test_tracing_off_imports_no_opentelemetry_sdk(environment: str, http_receive
     assert bool(called) == on, called  # off, the requests call nothing of tracing (bench/trace_cost.py counts it)
 
 
-def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
-    """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: a traceparent changes nothing."""
-    receiver, _ = http_receiver
-    trace_id = secrets.token_hex(16)
-    with metered.http_client() as http:
-        answer = http.post("/v2/models/simple/infer", json=simple_body(),
-                           headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
-    assert answer.status_code == 200
-    time.sleep(0.3)
-    assert not [s for s in receiver.spans if s["trace_id"] == trace_id]
-    assert "tracing on" not in metered.log_text()
+def test_no_trace_without_the_environment(repository: Path, tmp_path: Path,
+                                          http_receiver: tuple[Receiver, str]) -> None:
+    """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: with every other OpenTelemetry variable
+    pointing at a working receiver, a sampled traceparent sends it nothing, while the same server with the exporter
+    named sends it the request's spans."""
+    receiver, endpoint = http_receiver
+    trace_ids = {}
+    for exporter in (None, "otlp"):
+        server = traced_server(repository, tmp_path / str(exporter), endpoint, "http/protobuf", exporter=exporter)
+        try:
+            trace_ids[exporter] = secrets.token_hex(16)
+            with server.clients() as (http, stub):
+                answer = http.post("/v2/models/simple/infer", json=simple_body(),
+                                   headers={"traceparent": f"00-{trace_ids[exporter]}-{secrets.token_hex(8)}-01"})
+                assert answer.status_code == 200
+                stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT,
+                                metadata=(("traceparent", f"00-{trace_ids[exporter]}-{secrets.token_hex(8)}-01"),))
+        finally:
+            assert server.stop() == 0, server.log_text()  # stopping flushes whatever the exporter holds
+        assert ("tracing on" in server.log_text()) == (exporter is not None), server.log_text()
+    assert len(receiver.trace(trace_ids["otlp"], 10)) == 10  # the receiver works: 5 spans per request
+    assert not [s for s in receiver.spans if s["trace_id"] == trace_ids[None]]

@@ -228,7 +228,8 @@ def answers_by_worker(server: Server, since: int) -> dict[int, dict[int, int]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("logger") == "oip.access" and entry.get("transport") == "rest" and "/infer" in entry.get("path", ""):
+        access = entry.get("logger") == "oip.access" and entry.get("transport") == "rest"
+        if access and "/infer" in entry.get("path", ""):
             by_status = counts.setdefault(entry["pid"], {})
             by_status[entry["status"]] = by_status.get(entry["status"], 0) + 1
     return counts
@@ -262,13 +263,13 @@ def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
             stats = http.get("/v2/models/simple/stats").json()["model_stats"][0]
         samples = scrape(cluster.url)
 
-        def delta(name: str, **more: str) -> float:
+        def delta(name: str, now: dict[str, Any] = samples, **more: str) -> float:
             # The latency histogram has samples from a version's first success on; Triton's counters from its load.
             earlier = count_before if name.startswith("nv_inference_request_duration_seconds") else value
-            return value(samples, name, **labels, **more) - earlier(before, name, **labels, **more)
+            return value(now, name, **labels, **more) - earlier(before, name, **labels, **more)
 
-        def stats_delta(phase: str) -> int:
-            return int(stats["inference_stats"][phase]["ns"]) - int(stats_before["inference_stats"][phase]["ns"])
+        def stats_delta(phase: str, now: dict[str, Any] = stats) -> int:
+            return int(now["inference_stats"][phase]["ns"]) - int(stats_before["inference_stats"][phase]["ns"])
 
         checked = {"nv_inference_request_success": successes, "nv_inference_count": successes,
                    "nv_inference_exec_count": successes, "nv_inference_request_duration_seconds_count": successes}
