@@ -57,9 +57,9 @@ def worker_pids(server: Server) -> list[int]:
     return [int(p) for p in pids]
 
 
-def served_by(server: Server, since: int) -> dict[int, int]:
-    """Per worker pid, how many REST inference requests it logged after byte `since` of the log."""
-    counts: dict[int, int] = {}
+def answers_by_worker(server: Server, since: int) -> dict[int, dict[int, int]]:
+    """Per worker pid, its logged REST inference answers after byte `since` of the log, by HTTP status."""
+    counts: dict[int, dict[int, int]] = {}
     for line in server.log.read_bytes()[since:].decode(errors="replace").splitlines():
         try:
             entry = json.loads(line)
@@ -67,8 +67,14 @@ def served_by(server: Server, since: int) -> dict[int, int]:
             continue
         access = entry.get("logger") == "oip.access" and entry.get("transport") == "rest"
         if access and "/infer" in entry.get("path", ""):
-            counts[entry["pid"]] = counts.get(entry["pid"], 0) + 1
+            by_status = counts.setdefault(entry["pid"], {})
+            by_status[entry["status"]] = by_status.get(entry["status"], 0) + 1
     return counts
+
+
+def served_by(server: Server, since: int) -> dict[int, int]:
+    """Per worker pid, how many REST inference requests it logged after byte `since` of the log."""
+    return {pid: sum(by_status.values()) for pid, by_status in answers_by_worker(server, since).items()}
 
 
 def infer_on_new_connections(server: Server, count: int, model: str = "simple", **body: Any) -> list[httpx.Response]:
@@ -218,21 +224,6 @@ def test_sigterm_drains_every_worker_and_exits_zero(tmp_path: Path) -> None:
     assert server.stop() == 0, server.log_text()
     for pid in pids:  # no worker outlives the supervisor
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-
-
-def answers_by_worker(server: Server, since: int) -> dict[int, dict[int, int]]:
-    """Per worker pid, its logged REST inference answers after byte `since` of the log, by HTTP status."""
-    counts: dict[int, dict[int, int]] = {}
-    for line in server.log.read_bytes()[since:].decode(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        access = entry.get("logger") == "oip.access" and entry.get("transport") == "rest"
-        if access and "/infer" in entry.get("path", ""):
-            by_status = counts.setdefault(entry["pid"], {})
-            by_status[entry["status"]] = by_status.get(entry["status"], 0) + 1
-    return counts
 
 
 def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
