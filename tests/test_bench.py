@@ -71,6 +71,10 @@ def test_memory_at_rest_is_measured_before_any_inference(ours: servers.Running) 
     assert 10 < ours.idle_pss_mib <= ours.idle_rss_mib, ours
     with servers.running("oipgen", BENCH / ".cache", Path(ours.log).parent / "fresh") as fresh:
         assert servers.inference_count(fresh) == 0
+        stats = {model: servers.get_json(fresh.rest, f"/v2/models/{model}/stats") for model in servers.MODELS}
+        # each model there, counted at 0 (not a statistics answer without the model, which would also add up to 0)
+        assert all(s is not None and [e["inference_count"] for e in s["model_stats"]] == [0] for s in stats.values()), \
+            stats
         assert 10 < fresh.idle_pss_mib <= fresh.idle_rss_mib
         assert fresh.metadata.get("name") and fresh.metadata.get("version")
 
