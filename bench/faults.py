@@ -241,6 +241,7 @@ async def _slow(rest: str, slow: int, probes: int, duration: float) -> dict[str,
 
     async def slow_client() -> None:
         while loop.time() < end:
+            start = loop.time()  # before the connection: the server's clock for it starts later, never earlier
             try:
                 reader, writer = await asyncio.open_connection(host, int(port))
             except OSError:
@@ -248,7 +249,6 @@ async def _slow(rest: str, slow: int, probes: int, duration: float) -> dict[str,
                 await asyncio.sleep(1.0)
                 continue
             opened[0] += 1
-            start = loop.time()
             answer = b""
             try:
                 for byte in header:

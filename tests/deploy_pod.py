@@ -4,7 +4,8 @@ report what a pod's probes and clients see. Run by test_deploy.py; prints one JS
     python deploy_pod.py PLAN.json
 
 PLAN: `command` (the Containerfile's CMD, word for word), `repository` (stands for /mnt/models), `model_dir`,
-`healthcheck` (the HEALTHCHECK's command), `pythonpath` (the image's /app), `grace_seconds` (the pod's).
+`healthcheck` (the HEALTHCHECK's command), `probes` (the ServingRuntime's probes: kind -> httpGet), `pythonpath`
+(the image's /app), `grace_seconds` (the pod's).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0
     raise RuntimeError("the server was not ready in time")
 
 
+def probe(get: dict[str, Any]) -> int | str:
+    """A probe's httpGet as the kubelet sends it (to the pod's address: here its loopback): the status, or why none."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{get['port']}{get['path']}", timeout=5).status_code
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
 def simple_inputs(module: Any) -> list[Any]:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.int32)
@@ -73,6 +82,7 @@ def main() -> int:
         # Bound to every address: reachable on another address than 127.0.0.1 too.
         report["ready_on_127.0.0.2"] = httpx.get(f"http://127.0.0.2:{HTTP}/v2/health/ready", timeout=5).status_code
         report["healthcheck_when_ready"] = subprocess.run(healthcheck, capture_output=True, timeout=30).returncode
+        report["probes_when_ready"] = {kind: probe(get) for kind, get in plan["probes"].items()}
 
         rest = triton_http.InferenceServerClient(f"127.0.0.1:{HTTP}")
         report["rest_ready"] = rest.is_server_ready()

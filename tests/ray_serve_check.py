@@ -7,7 +7,12 @@ report.
 PLAN: `ray_bin` (the bin folder of a virtual environment with ray[serve] and the server's requirements),
 `config` (the generated serve-config.yaml), `repository` (the model repository for args.model_repository),
 `pythonpath` (the package and the Ray application's folder), `workdir` (scratch: Ray's temp dir, logs),
-`calls` (requests per timed run).
+`calls` (requests per timed run), `http_port` and `grpc_port` (where the clients expect Ray's proxies: the
+documented ports, not read from the config under test).
+
+Stopping is looked at as a user stops it: `serve run` interrupted (it shuts the application down), then
+`ray stop`; what is left after each is reported before anything is killed. Only then is whatever remains ended
+by PID (`killed` lists them), so that nothing outlives the namespace either way.
 """
 
 from __future__ import annotations
@@ -190,6 +195,16 @@ def stop_all(grace: float = 10.0) -> list[str]:
     return killed
 
 
+def settle(seconds: float = 10.0) -> list[str]:
+    """The command lines of the processes left in this namespace once those that are ending are gone (reaped:
+    this is their init), waiting `seconds` at most."""
+    deadline = time.monotonic() + seconds
+    while netns.other_processes() and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.1)
+    return [cmdline for _, cmdline in netns.other_processes()]
+
+
 def reap() -> None:
     """Collect exited children (processes Ray's daemons left are re-parented to this one, the namespace's init)."""
     with contextlib.suppress(ChildProcessError):
@@ -213,7 +228,7 @@ def main() -> int:
     app["args"]["model_repository"] = plan["repository"]
     config_path = workdir / "serve-config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    http_port, grpc_port = config["http_options"]["port"], config["grpc_options"]["port"]
+    http_port, grpc_port = plan["http_port"], plan["grpc_port"]
     report["replicas"] = app["deployments"][0]["num_replicas"]
     processes: list[subprocess.Popen[bytes]] = []
     logs = workdir / "logs"
@@ -246,24 +261,26 @@ def main() -> int:
         wait("plain server", lambda: httpx.get("http://127.0.0.1:18000/v2/health/ready").status_code == 200, processes)
         report["plain"] = drive(18000, 18001, plan["calls"])
         plain.send_signal(signal.SIGTERM)
-        plain.wait(timeout=30)
+        report["plain_exit"] = plain.wait(timeout=30)
 
-        # Stop: serve run shuts the applications down on SIGINT; then the cluster's processes, by PID.
+        # Stop as a user does: serve run shuts the applications down on SIGINT; then `ray stop` ends the cluster.
         stopping = time.monotonic()
         serve_run.send_signal(signal.SIGINT)
         report["serve_run_exit"] = serve_run.wait(timeout=60)
-        report["stopped"] = stop_all()
+        reap()
+        report["after_serve_run"] = [cmdline for _, cmdline in netns.other_processes()]
+        ray_stop = subprocess.run([str(ray_bin / "ray"), "stop"], env=env, capture_output=True, text=True,
+                                  timeout=120)
+        report["ray_stop_exit"] = ray_stop.returncode
+        report["after_ray_stop"] = settle()
         report["stop_s"] = time.monotonic() - stopping
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    deadline = time.monotonic() + 10  # processes ended by a signal are gone once reaped (this is their init)
-    while netns.other_processes() and time.monotonic() < deadline:
-        reap()
-        time.sleep(0.1)
-    report["left_behind"] = netns.other_processes()
+        report["killed"] = [cmdline for _, cmdline in netns.other_processes()]  # still there, whatever happened
+        stop_all()
     print(json.dumps(report))
     return 0
 

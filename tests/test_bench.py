@@ -9,6 +9,7 @@ time, cached in bench/.cache; then about 20 s). MLServer and KServe are left to 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -69,6 +71,10 @@ def test_memory_at_rest_is_measured_before_any_inference(ours: servers.Running) 
     assert 10 < ours.idle_pss_mib <= ours.idle_rss_mib, ours
     with servers.running("oipgen", BENCH / ".cache", Path(ours.log).parent / "fresh") as fresh:
         assert servers.inference_count(fresh) == 0
+        stats = {model: servers.get_json(fresh.rest, f"/v2/models/{model}/stats") for model in servers.MODELS}
+        # each model there, counted at 0 (not a statistics answer without the model, which would also add up to 0)
+        assert all(s is not None and [e["inference_count"] for e in s["model_stats"]] == [0] for s in stats.values()), \
+            stats
         assert 10 < fresh.idle_pss_mib <= fresh.idle_rss_mib
         assert fresh.metadata.get("name") and fresh.metadata.get("version")
 
@@ -242,12 +248,52 @@ def test_scale_checks() -> None:
     assert len(failed) == 2, failed
 
 
+def _identity(ours: servers.Running, workload: str, data: np.ndarray) -> np.ndarray:
+    """`data` sent to identity_fp32 as `workload` sends it; the FP32 tensor the server answered."""
+    import grpc
+    import httpx
+    from oip.grpc import grpc_service_pb2 as pb
+
+    if workload == "identity_grpc_raw":
+        request = pb.ModelInferRequest(model_name="identity_fp32")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[data.size])
+        request.raw_input_contents.append(data.tobytes())
+        with grpc.insecure_channel(ours.grpc) as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                       request_serializer=pb.ModelInferRequest.SerializeToString,
+                                       response_deserializer=pb.ModelInferResponse.FromString)
+            reply = call(request, timeout=20)
+        assert [tuple(o.shape) for o in reply.outputs] == [(data.size,)], reply.outputs
+        return np.frombuffer(reply.raw_output_contents[0], dtype="<f4")
+    url = f"http://{ours.rest}/v2/models/identity_fp32/infer"
+    if workload == "identity_rest_json":
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [data.size], "data": data.tolist()}]}
+        answer = httpx.post(url, json=body, timeout=20, trust_env=False)
+        assert answer.status_code == 200, answer.text[:300]
+        return np.asarray(answer.json()["outputs"][0]["data"], dtype=np.float32)
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [data.size],
+                                     "parameters": {"binary_data_size": data.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    answer = httpx.post(url, content=header + data.tobytes(), timeout=20, trust_env=False, headers={
+        "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))})
+    assert answer.status_code == 200, answer.text[:300]
+    length = int(answer.headers["Inference-Header-Content-Length"])
+    return np.frombuffer(answer.content[length:], dtype="<f4")
+
+
 @pytest.mark.parametrize("workload", ["identity_grpc_raw", "identity_rest_binary", "identity_rest_json"])
 def test_large_tensors_round_trip(ours: servers.Running, workload: str) -> None:
-    """400 KB tensors: the large-message paths (gRPC raw views and appended raw outputs), checked byte for byte."""
+    """400 KB tensors: the large-message paths (gRPC raw views and appended raw outputs), checked byte for byte.
+    The load generator checks its first answer and the size of the others (its requests are all alike); then
+    eight different tensors, four at a time, each answer checked against its own request."""
     result = loadgen.run(workload, ours.rest, ours.grpc, concurrency=1, duration=0.3, warmup=0.0, elements=100_000,
                          server_pid=ours.pid, timeout=20)  # fmt: skip
     assert "error" not in result and result["requests"] > 0 and result["errors"] == 0, result
+    tensors = [np.random.default_rng(seed).random(100_000, dtype=np.float32) for seed in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda data: _identity(ours, workload, data), tensors))
+    for seed, (sent, answered) in enumerate(zip(tensors, answers, strict=True)):
+        assert np.array_equal(answered, sent), f"tensor {seed}: the answer is not what was sent"
 
 
 def test_large_malformed_grpc_request_is_invalid(ours: servers.Running) -> None:

@@ -40,6 +40,13 @@ DEPLOY = GENERATED / "deploy"
 SCHEMAS = Path(__file__).parent / "data" / "kserve"
 PROTOCOL_VERSIONS = ["v1", "v2", "grpc-v1", "grpc-v2"]  # KServe's constants; its CRD has no enum for them
 SETTINGS: DeploySettings = parse_settings({}, "oip")
+# What the README documents, written here rather than read from the generator or the files under test: the
+# container's REST and gRPC ports and its command line, and Ray Serve's own proxy ports (its documented defaults:
+# HTTPOptions.port 8000, gRPCOptions.port 9000).
+HTTP_PORT, GRPC_PORT = 8080, 8081
+RAY_HTTP_PORT, RAY_GRPC_PORT = 8000, 9000
+COMMAND = ["python", "-m", "oip", "serve", "--model-repository=/mnt/models", "--host=0.0.0.0",
+           f"--http-port={HTTP_PORT}", f"--grpc-port={GRPC_PORT}", "--graceful-shutdown-seconds=25"]
 
 
 def _yaml(name: str) -> dict[str, Any]:
@@ -154,14 +161,12 @@ def test_generated_messages_pickle_as_ray_passes_them_between_processes() -> Non
 
 def test_the_image_runs_the_server_command_line_as_a_non_root_user() -> None:
     [cmd] = instruction("CMD")
-    assert json.loads(cmd) == serve_command("oip", SETTINGS)
-    assert json.loads(cmd)[:4] == ["python", "-m", "oip", "serve"]
-    assert "--model-repository=/mnt/models" in json.loads(cmd) and "--host=0.0.0.0" in json.loads(cmd)
+    assert json.loads(cmd) == COMMAND == serve_command("oip", SETTINGS)
     [user] = instruction("USER")
     assert user.isdigit() and int(user) == SETTINGS.uid != 0
-    assert instruction("EXPOSE") == ["8080 8081"]
+    assert instruction("EXPOSE") == [f"{HTTP_PORT} {GRPC_PORT}"]
     [healthcheck] = instruction("HEALTHCHECK")
-    assert "http://127.0.0.1:8080/v2/health/ready" in healthcheck
+    assert f"http://127.0.0.1:{HTTP_PORT}/v2/health/ready" in healthcheck
     assert instruction("FROM") == [SETTINGS.base_image]
     assert instruction("COPY") == ["oip /app/oip"]
     installs = [shlex.split(run) for run in instruction("RUN") if "pip install" in run]
@@ -275,17 +280,31 @@ def test_the_serving_runtime_is_what_kserve_needs_to_run_the_server() -> None:
     assert spec["supportedModelFormats"] == [
         {"name": "oip", "version": "1", "autoSelect": True, "priority": 1}]
     assert spec["protocolVersions"] == ["v2", "grpc-v2"]
-    assert spec["annotations"] == {"prometheus.kserve.io/port": "8080", "prometheus.kserve.io/path": "/metrics"}
+    assert spec["annotations"] == {"prometheus.kserve.io/port": str(HTTP_PORT), "prometheus.kserve.io/path": "/metrics"}
     [container] = spec["containers"]
     assert container["name"] == "kserve-container"
-    assert container["command"] + container["args"] == serve_command("oip", SETTINGS)
+    assert container["command"] + container["args"] == COMMAND
     [cmd] = instruction("CMD")
     assert container["command"] + container["args"] == json.loads(cmd)  # the image and the pod run one command
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http1": 8080, "h2c": 8081}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http1": HTTP_PORT, "h2c": GRPC_PORT}
+    assert set(probes(container)) == {"startupProbe", "readinessProbe", "livenessProbe"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/v2/health/live", "port": HTTP_PORT}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": HTTP_PORT}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": HTTP_PORT}
     assert container["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["runAsUser"] == SETTINGS.uid
+
+
+def probes(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The container's probes, by kind: each one's httpGet (the only kind of probe the runtime has)."""
+    return {kind: container[kind]["httpGet"] for kind in container if kind.endswith("Probe")}
+
+
+def test_the_ray_application_serves_on_rays_documented_ports() -> None:
+    config = _yaml("ray/serve-config.yaml")
+    assert config["http_options"] == {"host": "0.0.0.0", "port": RAY_HTTP_PORT}
+    assert config["grpc_options"]["port"] == RAY_GRPC_PORT
+    assert config["applications"][0]["args"] == {"model_repository": "/mnt/models"}
 
 
 def test_the_inference_service_uses_the_runtime_through_predictor_model() -> None:
@@ -316,6 +335,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     plan = {
         "command": json.loads(cmd),
         "healthcheck": healthcheck_command(),
+        "probes": probes(_yaml("kserve/serving-runtime.yaml")["spec"]["containers"][0]),
         "repository": str(repository),
         "model_dir": "/mnt/models",
         "pythonpath": str(GENERATED),
@@ -349,6 +369,12 @@ def test_the_server_listens_on_every_address_as_a_container_must(pod: dict[str, 
 def test_the_images_healthcheck_fails_before_the_server_and_passes_once_ready(pod: dict[str, Any]) -> None:
     assert pod["healthcheck_before_start"] != 0
     assert pod["healthcheck_when_ready"] == 0
+
+
+def test_the_pods_probes_pass_once_ready(pod: dict[str, Any]) -> None:
+    """The ServingRuntime's startup, readiness and liveness probes, sent as the kubelet sends them, to the running
+    server: each one is answered 200 (a probe on another port or path would keep the pod from ever serving)."""
+    assert pod["probes_when_ready"] == {"startupProbe": 200, "readinessProbe": 200, "livenessProbe": 200}
 
 
 def test_the_pod_is_ready_and_answers_over_rest_and_grpc(pod: dict[str, Any]) -> None:

@@ -133,6 +133,8 @@ def test_slow_clients_do_not_stop_the_others(server: Server) -> None:
     # Every slow connection was closed by the server after the header timeout, with a 408 and its error body.
     assert figures["slow_closed_by_server"] >= 200, figures
     assert set(figures["slow_answers"]) == {"HTTP/1.1 408 Request Timeout"}, figures["slow_answers"]
+    # Timed from before each connection is made, so the server's clock for it starts later, never earlier; what may
+    # still read early is the server's own clock (uvloop's time is taken once per pass of its loop): 0.2 s for that.
     closed = figures["slow_closed_after_s"]
     assert closed["min"] >= HEADER_TIMEOUT - 0.2 and closed["max"] <= HEADER_TIMEOUT + 2.0, closed
     with server.clients() as (http, stub):
@@ -144,8 +146,8 @@ async def _closed_after(port: int, send: bytes, count: int) -> list[tuple[float,
     closed it and every byte it answered."""
 
     async def one() -> tuple[float, bytes]:
+        start = time.monotonic()  # before the connection: the server's clock for it starts later, never earlier
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        start = time.monotonic()
         writer.write(send)
         received = b""
         try:
@@ -457,35 +459,37 @@ def _peak_kib(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_gzip_bomb_is_refused_within_a_memory_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("encoding", "wbits"), [("gzip", zlib.MAX_WBITS | 16), ("deflate", zlib.MAX_WBITS)])
+def test_gzip_bomb_is_refused_within_a_memory_bound(tmp_path: Path, encoding: str, wbits: int) -> None:
+    """Each encoding on a fresh server, so that its peak is its own (a server that inflated another bomb before
+    may keep that memory, and would hide this one's growth under it)."""
     server = start_server(repository(tmp_path / "models"), tmp_path / "run", ready=("simple", "identity_fp32"))
     figures: dict[str, Any] = {}
     try:
         with server.clients() as (http, stub):
             check_simple(http, stub)
-            for encoding, wbits in (("gzip", zlib.MAX_WBITS | 16), ("deflate", zlib.MAX_WBITS)):
-                bomb = _bomb(wbits)
-                assert reset_peak(server.process.pid)  # VmHWM := VmRSS (the server is this test's child)
-                idle = server.rss_kib()
-                response = http.post("/v2/models/simple/infer", content=bomb,
-                                     headers={"Content-Type": "application/json", "Content-Encoding": encoding})
-                message = assert_error_body(response, 413)
-                assert "inflates beyond the limit of 268435456 bytes" in message, message
-                peak = _peak_kib(server.process.pid)
-                figures[encoding] = {"compressed_bytes": len(bomb), "rss_before_kib": idle, "peak_kib": peak,
-                                     "peak_growth_kib": peak - idle}
-                assert peak - idle < BOMB_PEAK_LIMIT_KIB, figures
+            bomb = _bomb(wbits)
+            assert reset_peak(server.process.pid)  # VmHWM := VmRSS (the server is this test's child)
+            idle = server.rss_kib()
+            response = http.post("/v2/models/simple/infer", content=bomb,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": encoding})
+            message = assert_error_body(response, 413)
+            assert "inflates beyond the limit of 268435456 bytes" in message, message
+            peak = _peak_kib(server.process.pid)
+            figures["bomb"] = {"compressed_bytes": len(bomb), "rss_before_kib": idle, "peak_kib": peak,
+                               "peak_growth_kib": peak - idle}
+            assert peak - idle < BOMB_PEAK_LIMIT_KIB, figures
             # Within the limit and larger than what is kept while inflating: inflated again, exactly.
             data = np.random.default_rng(3).random(6_000_000, dtype=np.float32)
             header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [data.size], "datatype": "FP32",
                                              "parameters": {"binary_data_size": data.nbytes}}],
                                  "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
-            compressor = zlib.compressobj(1, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+            compressor = zlib.compressobj(1, zlib.DEFLATED, wbits)
             body = compressor.compress(header + data.tobytes()) + compressor.flush()
             assert reset_peak(server.process.pid)
             idle = server.rss_kib()
             response = http.post("/v2/models/identity_fp32/infer", content=body, headers={
-                "Content-Type": "application/octet-stream", "Content-Encoding": "gzip",
+                "Content-Type": "application/octet-stream", "Content-Encoding": encoding,
                 "Inference-Header-Content-Length": str(len(header))})
             assert response.status_code == 200, response.text[:300]
             length = int(response.headers["Inference-Header-Content-Length"])
@@ -495,5 +499,5 @@ def test_gzip_bomb_is_refused_within_a_memory_bound(tmp_path: Path) -> None:
             check_simple(http, stub)
     finally:
         status = server.stop()
-    report("gzip bombs of 300 MB of zeros", figures)
+    report(f"a {encoding} bomb of 300 MB of zeros", figures)
     assert status == 0, server.log_text()

@@ -26,6 +26,7 @@ from oip.server.model import DynamicBatching
 from oip.server.timing import InferenceRecord, Observer
 
 Arrays = dict[str, npt.NDArray[Any]]
+TIMEOUT = 30.0
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.full((1, 16), 3, dtype=np.int32)
 
@@ -346,14 +347,42 @@ def test_statistics_and_metrics_count_the_lean_way_as_the_general_way() -> None:
     proto = lean_dp.statistics.to_proto("simple", "1")
     assert [(s.batch_size, s.compute_infer.count) for s in proto.batch_stats] == [(1, 5)]
     assert proto.last_inference > 0
-    metrics = [dp.metrics for dp in (lean_dp, general_dp)]
-    assert all(m is not None for m in metrics)
     key = (("model", "simple"), ("version", "1"))
-    rows = [[s.value for f in m.families() for s in f.samples
-             if s.name == "nv_inference_request_duration_seconds_bucket" and s.labels["model"] == "simple"]
-            for m in metrics if m is not None]  # cumulative, the last is +Inf's
-    assert rows[0] == rows[1] or rows[0][-1] == rows[1][-1] == 5
-    assert [m.pending[key] for m in metrics if m is not None] == [0, 0]
+    assert [dp.metrics.pending[key] for dp in (lean_dp, general_dp) if dp.metrics is not None] == [0, 0]
+
+
+def histogram(dp: DataPlane, model: str) -> tuple[list[float], float]:
+    """The latency histogram of `model` as the metrics give it: the cumulative bucket counts (+Inf's last), the sum."""
+    assert dp.metrics is not None
+    samples = [s for f in dp.metrics.families() for s in f.samples if s.labels.get("model") == model]
+    buckets = [s.value for s in samples if s.name == "nv_inference_request_duration_seconds_bucket"]
+    (total,) = [s.value for s in samples if s.name == "nv_inference_request_duration_seconds_sum"]
+    return buckets, total
+
+
+def test_the_lean_way_puts_each_request_in_the_latency_bucket_the_general_way_does() -> None:
+    """A model that takes 20 ms, histogram bounds of 5 ms and 2 s: each request, either way, is in the middle
+    bucket, and the durations the histogram adds up are those the statistics counted, within the time the test
+    spent calling."""
+    def sleepy() -> Model:
+        return Answers("sleepy", lambda inputs: time.sleep(0.02) or {"OUT": inputs["IN"]})
+
+    settings = Settings(metrics_buckets=(0.005, 2.0))
+    lean_dp, general_dp = plane(sleepy(), settings=settings), plane(sleepy(), settings=settings)
+    lean = lean_way(lean_dp)
+    message = request("sleepy", {"IN": np.ones(4, np.float32)})
+    walls = []
+    for call in (lambda: lean(message), lambda: general(general_dp, message)):
+        began = time.perf_counter_ns()
+        replies = [call() for _ in range(5)]
+        walls.append(time.perf_counter_ns() - began)
+        assert all(isinstance(r, (bytes, pb.ModelInferResponse)) for r in replies), replies
+    for dp, wall in zip((lean_dp, general_dp), walls, strict=True):
+        success = dp.statistics.to_proto("sleepy", "1").inference_stats.success
+        assert success.count == 5 and 5 * 20_000_000 <= success.ns <= wall, (success, wall)
+        buckets, total = histogram(dp, "sleepy")
+        assert buckets == [0, 5, 5], buckets
+        assert total == pytest.approx(success.ns / 1e9, rel=1e-9)
 
 
 def test_the_model_threads_bound_the_lean_way() -> None:
@@ -385,24 +414,44 @@ def test_the_model_threads_bound_the_lean_way() -> None:
 
 
 def test_a_model_unloaded_meanwhile_is_still_held_while_it_answers() -> None:
-    dp = plane()
-    model = dp.repository.get("simple")
-    started = threading.Event()
-    release = threading.Event()
-    original = model.infer
+    """An unload asked for while the lean way runs the model waits for it: the model's unload() comes after its
+    answer, which is the whole answer; a request arriving meanwhile is left to the general way."""
+    events: list[str] = []
+    started, release = threading.Event(), threading.Event()
 
-    def held(inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        started.set()
-        release.wait(5)
-        return original(inputs, parameters)
+    class Held(Simple):
+        name = "held"
 
-    model.infer = held  # type: ignore[method-assign]
+        def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+            started.set()
+            release.wait(TIMEOUT)
+            events.append("answered")
+            return Simple.infer(self, inputs, parameters)
+
+        def unload(self) -> None:
+            events.append("unloaded")
+
+    dp = plane(Held())
+    lean = lean_way(dp)
     replies: list[Any] = []
-    thread = threading.Thread(target=lambda: replies.append(lean_way(dp)(request())))
-    thread.start()
-    assert started.wait(5)
-    assert dp.repository._inflight.get(id(model)) == 1  # leased while it runs
+    answering = threading.Thread(target=lambda: replies.append(lean(request("held"))))
+    answering.start()
+    assert started.wait(TIMEOUT)
+    assert dp.repository.inflight()[("held", "1")] == 1  # held while it runs
+    unloading = threading.Thread(target=lambda: asyncio.run(dp.repository.unload("held")))
+    unloading.start()
+    deadline = time.monotonic() + TIMEOUT
+    while dp.repository.is_ready("held") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not dp.repository.is_ready("held")  # unloading: no new request takes it
+    assert lean(request("held")) is None  # left to the general way (which answers that it is not ready)
+    unloading.join(0.3)
+    assert unloading.is_alive() and events == []  # the unload waits for the request in flight
     release.set()
-    thread.join()
-    assert isinstance(replies[0], bytes)
-    assert not dp.repository._inflight
+    answering.join(TIMEOUT)
+    unloading.join(TIMEOUT)
+    assert events == ["answered", "unloaded"]
+    answer = parsed(replies[0])
+    assert (answer.model_name, [o.name for o in answer.outputs]) == ("held", ["OUTPUT0", "OUTPUT1"])
+    assert list(answer.raw_output_contents) == [(A + B).tobytes(), (A - B).tobytes()]
+    assert ("held", "1") not in dp.repository.inflight()

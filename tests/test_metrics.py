@@ -7,6 +7,8 @@ happened, however it is counted on the hot path. Requests go through the REST ap
 - As Triton, a loaded model version has every one of Triton's samples from the start, at zero.
 - The latency histogram is the statistics' own: its count is the successes, its sum the records' durations, each
   request in the bucket its duration falls in.
+- What `GET /metrics` serves is read as text: every one of Triton's samples is there, under Triton's name, with
+  the value the requests made; nothing of the families is lost on the way to the exposition.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import re
 import threading
 import time
 from typing import Any
@@ -69,6 +72,30 @@ def body(x: float) -> dict[str, Any]:
 
 def samples(families: list[Metric], name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {tuple(s.labels.items()): s.value for f in families for s in f.samples if s.name == name}
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def exposition(text: str) -> tuple[dict[str, str], dict[str, dict[tuple[tuple[str, str], ...], float]]]:
+    """The text format as served, names as written: family name -> TYPE, and sample name -> sorted labels ->
+    value. Every line is a comment or a sample (a line of neither fails)."""
+    types: dict[str, str] = {}
+    served: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line[len("# TYPE "):].split(" ")
+            types[name] = kind
+            continue
+        if line.startswith("#"):
+            continue
+        found = _SAMPLE.match(line)
+        assert found, f"not a sample line: {line!r}"
+        labels = tuple(sorted(_LABEL.findall(found[2] or "")))
+        assert labels not in served.setdefault(found[1], {}), f"sample written twice: {line!r}"
+        served[found[1]][labels] = float(found[3])
+    return types, served
 
 
 def test_a_loaded_model_has_its_samples_before_it_serves() -> None:
@@ -196,3 +223,62 @@ def test_the_latency_histogram_is_the_statistics_own() -> None:
         le = "+Inf" if bound == float("inf") else repr(bound)
         assert cumulative[(*KEY, ("le", le))] == running, (le, cumulative)
     assert sum(expected) == 40
+
+
+def test_the_served_text_has_every_sample_with_its_value() -> None:
+    gate = Gate()
+    gate.open.set()
+    buckets = (0.5, 30.0)  # a request here takes well under 0.5 s: every success in the first bucket
+    dp = plane(gate, metrics_buckets=buckets)
+    app = create_app(dp, dp.settings)
+
+    async def main() -> tuple[list[int], httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            answers = [await http.post("/v2/models/gate/infer", json=body(x)) for x in (1.0, 2.0, -1.0)]
+            bad = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT8", "data": [1]}]}
+            answers.append(await http.post("/v2/models/gate/infer", json=bad))  # refused: REJECTED
+            return [a.status_code for a in answers], await http.get("/metrics")
+
+    codes, scraped = asyncio.run(main())
+    assert codes == [200, 200, 500, 400]
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    types, served = exposition(scraped.text)
+    stats = dp.statistics.to_proto("gate", "1")
+    phases = stats.inference_stats
+    labels = (("model", "gate"), ("version", "1"))
+    expected_counters = {
+        "nv_inference_request_success": 2,
+        "nv_inference_count": 2,
+        "nv_inference_exec_count": 2,
+        "nv_inference_request_duration_us": phases.success.ns // 1000,
+        "nv_inference_queue_duration_us": phases.queue.ns // 1000,
+        "nv_inference_compute_input_duration_us": phases.compute_input.ns // 1000,
+        "nv_inference_compute_infer_duration_us": phases.compute_infer.ns // 1000,
+        "nv_inference_compute_output_duration_us": phases.compute_output.ns // 1000,
+    }
+    assert phases.success.count == 2 and phases.fail.count == 2 and stats.execution_count == 2
+    for name, expected in expected_counters.items():
+        assert types.get(name) == "counter", (name, types)  # Triton's name, no _total
+        assert served.get(name) == {labels: expected}, (name, served.get(name))
+    assert types.get("nv_inference_request_failure") == "counter"
+    assert served.get("nv_inference_request_failure") == {
+        (*labels[:1], ("reason", reason), *labels[1:]): n
+        for reason, n in (("REJECTED", 1), ("CANCELED", 0), ("BACKEND", 1), ("OTHER", 0))}
+    assert types.get("nv_inference_pending_request_count") == "gauge"
+    assert served.get("nv_inference_pending_request_count") == {labels: 0}
+    assert types.get("nv_inference_request_duration_seconds") == "histogram"
+    assert served.get("nv_inference_request_duration_seconds_bucket") == {
+        (("le", "0.5"), *labels): 2, (("le", "30.0"), *labels): 2, (("le", "+Inf"), *labels): 2}
+    assert served.get("nv_inference_request_duration_seconds_count") == {labels: 2}
+    (seconds,) = served["nv_inference_request_duration_seconds_sum"].values()
+    assert seconds == pytest.approx(phases.success.ns / 1e9, rel=1e-9)
+    assert served.get("oip_requests_total") == {
+        (("code", "200"), ("operation", "model_infer"), ("transport", "rest")): 2,
+        (("code", "400"), ("operation", "model_infer"), ("transport", "rest")): 1,
+        (("code", "500"), ("operation", "model_infer"), ("transport", "rest")): 1}
+    # Nothing else of the server's own: every nv_ and oip_ sample is one checked above.
+    ours = sorted(name for name in served if name.startswith(("nv_", "oip_")))
+    histogram = [f"nv_inference_request_duration_seconds_{part}" for part in ("bucket", "count", "sum")]
+    assert ours == sorted([*expected_counters, "nv_inference_request_failure", "nv_inference_pending_request_count",
+                           *histogram, "oip_requests_total"]), ours

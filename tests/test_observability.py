@@ -151,6 +151,15 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 
 def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """The sample `name` with exactly these labels; a sample that is not there fails (it never reads as 0)."""
+    key = tuple(sorted(labels.items()))
+    assert key in samples.get(name, {}), f"no sample {name}{dict(key)}; served: {sorted(samples.get(name, {}))}"
+    return float(samples[name][key])
+
+
+def count_before(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """A labelled counter read before the requests a test counts: its child for these labels appears with its
+    first count (prometheus_client), so before that it is absent, which is 0 here (and only here)."""
     return float(samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0))
 
 
@@ -316,7 +325,7 @@ def test_histograms_and_requests_by_transport(metered: Server) -> None:
     after = scrape(metered.url)
 
     def delta(**labels: str) -> float:
-        return value(after, "oip_requests_total", **labels) - value(before, "oip_requests_total", **labels)
+        return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
 
     assert delta(transport="rest", operation="model_infer", code="200") == 1
     assert delta(transport="rest", operation="model_infer", code="404") == 1
@@ -409,15 +418,20 @@ def test_the_separate_metrics_listener_and_the_access_log(metered: Server) -> No
         request = simple_grpc_request()
         request.id = "logged-grpc"
         stub.ModelInfer(request, timeout=TIMEOUT)
-    # The separate listener serves the same registry as /metrics on the REST port.
-    separate = scrape(f"http://127.0.0.1:{ports['metrics']}")
-    assert separate["nv_inference_request_success"] == scrape(metered.url)["nv_inference_request_success"]
-    assert separate["nv_inference_request_success"][(("model", "simple"), ("version", "1"))] >= 2
     rest, grpc_line = access_lines(metered, "logged-rest", "logged-grpc")
     assert rest["transport"] == "rest" and rest["status"] == 200 and rest["path"] == "/v2/models/simple/infer"
     assert rest["request_bytes"] > 0 and rest["response_bytes"] > 0 and rest["duration_ms"] > 0
     assert grpc_line["transport"] == "grpc" and grpc_line["status"] == "OK" and grpc_line["operation"] == "ModelInfer"
     assert grpc_line["request_bytes"] == request.ByteSize() and grpc_line["response_bytes"] > 0
+    # The separate listener serves the same registry as /metrics on the REST port: every sample of the server's
+    # own and of the models' (the requests counted too, logged above: a scrape of the separate listener is no
+    # request of the REST port, and one of the REST port is counted once answered).
+    separate = scrape(f"http://127.0.0.1:{ports['metrics']}")
+    served = scrape(metered.url)
+    assert separate["nv_inference_request_success"][(("model", "simple"), ("version", "1"))] >= 2
+    unchanging = {n for n in served if not n.startswith(("process_", "python_gc_"))}  # the process's own move on
+    assert {n: separate.get(n) for n in unchanging} == {n: served[n] for n in unchanging}
+    assert set(separate) == set(served)
 
 
 def test_metrics_off(repository: Path, tmp_path: Path) -> None:
@@ -434,15 +448,23 @@ def test_metrics_off(repository: Path, tmp_path: Path) -> None:
 
 
 def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str, sampler: str = "parentbased_always_on",
-                  ratio: str = "", ready: tuple[str, ...] = ("simple",), options: tuple[str, ...] = ()) -> Server:
-    env = {
-        "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "oip-under-test",
+                  ratio: str = "", ready: tuple[str, ...] = ("simple",), options: tuple[str, ...] = (),
+                  exporter: str | None = "otlp") -> Server:
+    """A server with the OpenTelemetry environment pointing at `endpoint`; `exporter` None leaves
+    OTEL_TRACES_EXPORTER unset (everything else set)."""
+    env: dict[str, str | None] = {
+        "OTEL_TRACES_EXPORTER": exporter, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_SERVICE_NAME": "oip-under-test",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": ratio,
         "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci,service.namespace=oip",
     }
     saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    for key, setting in env.items():
+        if setting is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = setting
     try:
         return start_server(repository, workdir, "--log-format", "json", "--access-log", *options, ready=ready)
     finally:
@@ -1213,14 +1235,25 @@ def test_tracing_off_imports_no_opentelemetry_sdk(environment: str, http_receive
     assert bool(called) == on, called  # off, the requests call nothing of tracing (bench/trace_cost.py counts it)
 
 
-def test_no_trace_without_the_environment(metered: Server, http_receiver: tuple[Receiver, str]) -> None:
-    """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: a traceparent changes nothing."""
-    receiver, _ = http_receiver
-    trace_id = secrets.token_hex(16)
-    with metered.http_client() as http:
-        answer = http.post("/v2/models/simple/infer", json=simple_body(),
-                           headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
-    assert answer.status_code == 200
-    time.sleep(0.3)
-    assert not [s for s in receiver.spans if s["trace_id"] == trace_id]
-    assert "tracing on" not in metered.log_text()
+def test_no_trace_without_the_environment(repository: Path, tmp_path: Path,
+                                          http_receiver: tuple[Receiver, str]) -> None:
+    """Tracing is off unless OTEL_TRACES_EXPORTER names an exporter: with every other OpenTelemetry variable
+    pointing at a working receiver, a sampled traceparent sends it nothing, while the same server with the exporter
+    named sends it the request's spans."""
+    receiver, endpoint = http_receiver
+    trace_ids = {}
+    for exporter in (None, "otlp"):
+        server = traced_server(repository, tmp_path / str(exporter), endpoint, "http/protobuf", exporter=exporter)
+        try:
+            trace_ids[exporter] = secrets.token_hex(16)
+            with server.clients() as (http, stub):
+                answer = http.post("/v2/models/simple/infer", json=simple_body(),
+                                   headers={"traceparent": f"00-{trace_ids[exporter]}-{secrets.token_hex(8)}-01"})
+                assert answer.status_code == 200
+                stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT,
+                                metadata=(("traceparent", f"00-{trace_ids[exporter]}-{secrets.token_hex(8)}-01"),))
+        finally:
+            assert server.stop() == 0, server.log_text()  # stopping flushes whatever the exporter holds
+        assert ("tracing on" in server.log_text()) == (exporter is not None), server.log_text()
+    assert len(receiver.trace(trace_ids["otlp"], 10)) == 10  # the receiver works: 5 spans per request
+    assert not [s for s in receiver.spans if s["trace_id"] == trace_ids[None]]

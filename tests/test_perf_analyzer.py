@@ -63,6 +63,7 @@ def test_perf_analyzer_completes_a_run(perf_analyzer: Path, server: Server, work
     assert after["success"]["count"] > before["success"]["count"] and after["fail"] == before["fail"], after
     assert regions == []
     if workload.endswith("_shm") and "stable measurement" in result.get("error", ""):
-        return  # the machine was too busy for a stable figure; the run itself was served without a failure
+        # What the server saw is checked above; the figures were not stable enough to check (a busy machine).
+        pytest.skip(f"perf_analyzer found no stable measurement (its figures go unchecked): {result['error'][:200]}")
     assert "error" not in result, result.get("error")
     assert result["infer_per_s"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"], result

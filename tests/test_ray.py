@@ -27,6 +27,7 @@ import pytest
 import yaml
 from conftest import GENERATED, ROOT
 from serving import build_repository
+from test_deploy import RAY_GRPC_PORT, RAY_HTTP_PORT
 
 from oipgen.output import read_manifest
 
@@ -102,6 +103,8 @@ def ray(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "workdir": str(work),
         "calls": 200,
         "package": "oip",
+        "http_port": RAY_HTTP_PORT,
+        "grpc_port": RAY_GRPC_PORT,
     }
     (work / "plan.json").write_text(json.dumps(plan))
     report = netns.run(Path(__file__).parent / "ray_serve_check.py", str(work / "plan.json"), timeout=RUN_TIMEOUT)
@@ -157,5 +160,12 @@ def test_both_replicas_answer(ray: dict[str, Any]) -> None:
 
 
 def test_stopping_leaves_nothing_behind(ray: dict[str, Any]) -> None:
+    """Looked at before anything is killed: once `serve run` is interrupted no replica (nor anything of the
+    application) runs, and once `ray stop` has run nothing at all is left; nothing needed killing after."""
+    assert ray["plain_exit"] == 0
     assert ray["serve_run_exit"] == 0
-    assert ray["left_behind"] == []
+    serve = [c for c in ray["after_serve_run"] if c.startswith(("ray::Serve", "ray::ProxyActor"))]
+    assert serve == [], serve  # the replicas (ray::ServeReplica:oip:oip), Serve's controller and proxies
+    assert ray["ray_stop_exit"] == 0
+    assert ray["after_ray_stop"] == []
+    assert ray["killed"] == []

@@ -125,7 +125,7 @@ def _flat(data: Any) -> list[Any]:
 
 
 def _tensors_rest(body: dict[str, Any]) -> list[tuple[str, str, list[int], list[Any]]]:
-    return [(o["name"], o["datatype"], o["shape"], _flat(o["data"])) for o in body.get("outputs", [])]
+    return [(o["name"], o["datatype"], o["shape"], _flat(o["data"])) for o in body["outputs"]]
 
 
 def _tensors_grpc(reply: Any) -> list[tuple[str, str, list[int], list[Any]]]:

@@ -178,34 +178,55 @@ _NAMES = ["r", "a\n", "\n", "a\nb", "\x85", "c1\x9f", "\x7f", "~\xa0", "\x1f", "
           "\U000fc072", "\u2028"]
 
 
-def test_the_documented_name_is_exactly_the_accepted_name(http: httpx.Client) -> None:
-    """The published schema of a region name, read with Python's `re` (jsonschema) and, where node is installed,
-    with ECMA-262, admits exactly the names the server accepts in the path of register (and of unregister)."""
+def _region_name_schema(http: httpx.Client) -> dict[str, Any]:
+    """The published schema of a region name (the path parameter of register)."""
     document = http.get("/openapi.json").json()
     operation = document["paths"]["/v2/systemsharedmemory/region/{region_name}/register"]["post"]
-    schema = next(p["schema"] for p in operation["parameters"] if p["name"] == "region_name")
-    python = [jsonschema.Draft202012Validator(schema).is_valid(name) for name in _NAMES]
+    schema: dict[str, Any] = next(p["schema"] for p in operation["parameters"] if p["name"] == "region_name")
+    return schema
+
+
+def _accepted(http: httpx.Client) -> list[bool]:
+    """Which of _NAMES the server takes as a region name (register gets to the key, and refuses that)."""
     accepted = []
     for name in _NAMES:
-        got = _register_named(http, name, PREFIX + "a/b")  # a name the server takes gets to the key, refused
+        got = _register_named(http, name, PREFIX + "a/b")
         assert got.status_code in (400, 404), got.text
         accepted.append(got.status_code == 400 and "no other '/'" in got.json()["error"])
+    return accepted
+
+
+def test_the_documented_name_is_exactly_the_accepted_name(http: httpx.Client) -> None:
+    """The published schema of a region name, read with Python's `re` (jsonschema), admits exactly the names the
+    server accepts in the path of register (and of unregister)."""
+    schema = _region_name_schema(http)
+    python = [jsonschema.Draft202012Validator(schema).is_valid(name) for name in _NAMES]
+    accepted = _accepted(http)
     assert python == accepted, list(zip(_NAMES, python, accepted, strict=True))
     # unregister takes the same names: an unknown one is no error (as in Triton), one no region can have is
     unregistered = [http.post(f"/v2/systemsharedmemory/region/{urllib.parse.quote(name, safe='')}/unregister")
                     .status_code == 200 for name in _NAMES]
     assert unregistered == accepted, list(zip(_NAMES, unregistered, accepted, strict=True))
     assert accepted.count(True) == 7, list(zip(_NAMES, accepted, strict=True))
+
+
+def test_the_documented_name_reads_the_same_in_ecma_262(http: httpx.Client) -> None:
+    """The same schema read as a JavaScript client reads it (ECMA-262 regular expressions, with node) admits
+    exactly the names the server accepts."""
     node = shutil.which("node")
-    if node is not None:
-        script = ("const s = JSON.parse(process.argv[1]); const names = JSON.parse(process.argv[2]);"
-                  "const ok = n => n.length >= s.minLength && [...n].length <= s.maxLength"
-                  " && s.allOf.every(a => !new RegExp(a.not.pattern, 'u').test(n));"
-                  "console.log(JSON.stringify(names.map(ok)));")
-        assert set(schema) == {"type", "minLength", "maxLength", "allOf"}  # what the script reads
-        done = subprocess.run([node, "-e", script, json.dumps(schema), json.dumps(_NAMES)], capture_output=True,
-                              text=True, check=True, timeout=30)
-        assert json.loads(done.stdout) == accepted, done.stdout
+    if node is None:
+        pytest.skip("node is not installed: the region name's pattern is not read with ECMA-262 here")
+    schema = _region_name_schema(http)
+    assert set(schema) == {"type", "minLength", "maxLength", "allOf"}  # what the script reads
+    script = ("const s = JSON.parse(process.argv[1]); const names = JSON.parse(process.argv[2]);"
+              "const ok = n => n.length >= s.minLength && [...n].length <= s.maxLength"
+              " && s.allOf.every(a => !new RegExp(a.not.pattern, 'u').test(n));"
+              "console.log(JSON.stringify(names.map(ok)));")
+    done = subprocess.run([node, "-e", script, json.dumps(schema), json.dumps(_NAMES)], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    accepted = _accepted(http)
+    assert json.loads(done.stdout) == accepted, list(zip(_NAMES, json.loads(done.stdout), accepted, strict=True))
 
 
 def _register_named(http: httpx.Client, name: str, key: str) -> httpx.Response:

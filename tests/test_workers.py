@@ -57,9 +57,9 @@ def worker_pids(server: Server) -> list[int]:
     return [int(p) for p in pids]
 
 
-def served_by(server: Server, since: int) -> dict[int, int]:
-    """Per worker pid, how many REST inference requests it logged after byte `since` of the log."""
-    counts: dict[int, int] = {}
+def answers_by_worker(server: Server, since: int) -> dict[int, dict[int, int]]:
+    """Per worker pid, its logged REST inference answers after byte `since` of the log, by HTTP status."""
+    counts: dict[int, dict[int, int]] = {}
     for line in server.log.read_bytes()[since:].decode(errors="replace").splitlines():
         try:
             entry = json.loads(line)
@@ -67,8 +67,14 @@ def served_by(server: Server, since: int) -> dict[int, int]:
             continue
         access = entry.get("logger") == "oip.access" and entry.get("transport") == "rest"
         if access and "/infer" in entry.get("path", ""):
-            counts[entry["pid"]] = counts.get(entry["pid"], 0) + 1
+            by_status = counts.setdefault(entry["pid"], {})
+            by_status[entry["status"]] = by_status.get(entry["status"], 0) + 1
     return counts
+
+
+def served_by(server: Server, since: int) -> dict[int, int]:
+    """Per worker pid, how many REST inference requests it logged after byte `since` of the log."""
+    return {pid: sum(by_status.values()) for pid, by_status in answers_by_worker(server, since).items()}
 
 
 def infer_on_new_connections(server: Server, count: int, model: str = "simple", **body: Any) -> list[httpx.Response]:
@@ -221,24 +227,72 @@ def test_sigterm_drains_every_worker_and_exits_zero(tmp_path: Path) -> None:
 
 
 def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
-    from test_observability import resident_bytes, scrape, value
+    """Every nv_* sample of a scrape, whichever worker answers it, is the sum of what each worker served (from the
+    access log, which names the worker of each answer), failures included; durations agree with the statistics
+    (summed by another path), within the microsecond each worker rounds away."""
+    from test_observability import count_before, resident_bytes, scrape, value
 
+    labels = {"model": "simple", "version": "1"}
+    reasons = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+    before = scrape(cluster.url)
+    with cluster.http_client() as http:
+        stats_before = http.get("/v2/models/simple/stats").json()["model_stats"][0]
     since = log_size(cluster)
-    answers = infer_on_new_connections(cluster, CONNECTIONS)
-    assert all(a.status_code == 200 for a in answers)
-    wait_for_log(cluster, since, CONNECTIONS)
-    assert len(served_by(cluster, since)) == WORKERS  # both served some: the sum is not one worker's count
+    bad = simple_body()
+    bad["inputs"][0]["datatype"] = "FP32"  # refused by validation: REJECTED
+    answers = infer_on_new_connections(cluster, CONNECTIONS) + infer_on_new_connections(cluster, CONNECTIONS, **bad)
+    assert [a.status_code for a in answers] == [200] * CONNECTIONS + [400] * CONNECTIONS
+    wait_for_log(cluster, since, 2 * CONNECTIONS)
+    per_worker = answers_by_worker(cluster, since)
+    # Each worker served successes and failures: a sum differs from any one worker's count, and from the largest.
+    assert len(per_worker) == WORKERS and all(n.get(200) and n.get(400) for n in per_worker.values()), per_worker
+    successes = sum(n.get(200, 0) for n in per_worker.values())
+    rejected = sum(n.get(400, 0) for n in per_worker.values())
+    assert (successes, rejected) == (CONNECTIONS, CONNECTIONS)
     for _ in range(3):  # whichever worker answers the scrape
         with cluster.http_client() as http:
             stats = http.get("/v2/models/simple/stats").json()["model_stats"][0]
         samples = scrape(cluster.url)
-        labels = {"model": "simple", "version": "1"}
-        assert value(samples, "nv_inference_request_success", **labels) == stats["inference_stats"]["success"]["count"]
-        assert value(samples, "nv_inference_count", **labels) == stats["inference_count"]
-        histogram = value(samples, "nv_inference_request_duration_seconds_count", **labels)
-        assert histogram == stats["inference_stats"]["success"]["count"]
+
+        def delta(name: str, now: dict[str, Any] = samples, **more: str) -> float:
+            # The latency histogram has samples from a version's first success on; Triton's counters from its load.
+            earlier = count_before if name.startswith("nv_inference_request_duration_seconds") else value
+            return value(now, name, **labels, **more) - earlier(before, name, **labels, **more)
+
+        def stats_delta(phase: str, now: dict[str, Any] = stats) -> int:
+            return int(now["inference_stats"][phase]["ns"]) - int(stats_before["inference_stats"][phase]["ns"])
+
+        checked = {"nv_inference_request_success": successes, "nv_inference_count": successes,
+                   "nv_inference_exec_count": successes, "nv_inference_request_duration_seconds_count": successes}
+        for name, expected in checked.items():
+            assert delta(name) == expected, (name, delta(name), per_worker)
+        failures = {reason: delta("nv_inference_request_failure", reason=reason) for reason in reasons}
+        assert failures == {"REJECTED": rejected, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}, (failures, per_worker)
+        assert value(samples, "nv_inference_pending_request_count", **labels) == 0
+        for metric, phase in (("request", "success"), ("queue", "queue"), ("compute_input", "compute_input"),
+                              ("compute_infer", "compute_infer"), ("compute_output", "compute_output")):
+            name = f"nv_inference_{metric}_duration_us"
+            # Each worker serves its ns // 1000: their sum is under the sum's // 1000 by less than WORKERS.
+            summed = int(stats["inference_stats"][phase]["ns"]) // 1000
+            assert 0 <= summed - value(samples, name, **labels) < WORKERS, (name, samples[name], stats)
+            assert delta(name) > 0, name
+            checked[name] = summed
+        seconds = delta("nv_inference_request_duration_seconds_sum")
+        assert seconds == pytest.approx(stats_delta("success") / 1e9, rel=1e-6), seconds
+        buckets = {dict(key)["le"]: n for key, n in samples["nv_inference_request_duration_seconds_bucket"].items()
+                   if dict(key)["model"] == "simple"}
+        cumulative = [buckets[le] for le in sorted(buckets, key=float)]
+        assert cumulative == sorted(cumulative) and cumulative[-1] == value(
+            samples, "nv_inference_request_duration_seconds_count", **labels)
+        assert delta("nv_inference_request_duration_seconds_bucket", le="+Inf") == successes
+        # Every nv_* sample of the model is one checked above.
+        served = {name for name, rows in samples.items() if name.startswith("nv_")
+                  and any(dict(key).get("model") == "simple" for key in rows)}
+        assert served == {*checked, "nv_inference_request_failure", "nv_inference_pending_request_count",
+                          "nv_inference_request_duration_seconds_sum",
+                          "nv_inference_request_duration_seconds_bucket"}, served
         # The process metrics: the workers' memory adds up; the interpreter is one, and so is the start time.
-        rss = [resident_bytes(pid) for pid in served_by(cluster, since)]
+        rss = [resident_bytes(pid) for pid in per_worker]
         assert 1.2 * max(rss) < value(samples, "process_resident_memory_bytes") < 1.3 * sum(rss)
         assert list(samples["python_info"].values()) == [1]
         assert value(samples, "process_start_time_seconds") <= time.time()
