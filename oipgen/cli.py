@@ -274,12 +274,15 @@ def _build(args: argparse.Namespace) -> int:
         print(d.summary(), file=sys.stderr)
         return EXIT_STALE
 
-    from .output import display, write
+    from .output import UnsafePathError, display, write
 
     try:
         actions = write(opts.package_dir, tree)
     except FileExistsError as e:
         print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except UnsafePathError as e:
+        print(f"oipgen: {e}; nothing was written or removed", file=sys.stderr)
         return EXIT_REFUSED
     if not args.quiet:
         for action, rel in actions:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import posixpath
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,28 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def is_plain(path: str) -> bool:
+    """The one rule for a path of the tree, written by a target or read back from a manifest: relative, normalized,
+    no `..` (beyond the one BESIDE prefix), so that it lands inside the output folder."""
+    inner = path.removeprefix(BESIDE)
+    return bool(inner) and posixpath.normpath(inner) == inner and not inner.startswith(("/", ".."))
+
+
+class UnsafePathError(ValueError):
+    """A path that would leave the output folder: listed in a manifest, or reached through a symlink."""
+
+
+def landing(package_dir: Path, rel: str) -> Path:
+    """Where a tree path lands on disk, held inside the output folder: the folder that will hold it, symlinks
+    followed, is the output folder or inside it."""
+    out = package_dir.parent.resolve()
+    target = Path(display(package_dir, rel))
+    folder = target.parent.resolve()
+    if folder != out and out not in folder.parents:
+        raise UnsafePathError(f"{target} leads outside {package_dir.parent} (through a symlink to {folder})")
+    return target
+
+
 @dataclass
 class Tree:
     """Files of one generated package, by path relative to the package directory."""
@@ -36,8 +60,7 @@ class Tree:
     files: dict[str, bytes] = field(default_factory=dict)
 
     def add(self, path: str, content: str | bytes) -> None:
-        inner = path.removeprefix(BESIDE)
-        if not inner or posixpath.normpath(inner) != inner or inner.startswith(("/", "..")):
+        if not is_plain(path):
             raise ValueError(f"not a plain relative path: {path!r}")
         if path in self.files:
             raise ValueError(f"two targets write {path}")
@@ -73,6 +96,20 @@ def read_manifest(package_dir: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def listed_files(package_dir: Path, manifest: dict[str, Any] | None) -> dict[str, str]:
+    """The files a manifest lists, by tree path, each held to the rule of the paths the build writes: the manifest
+    is repository content that anyone may edit, and the build removes what it lists. UnsafePathError names the
+    first entry that breaks the rule."""
+    files = (manifest or {}).get("files")
+    if not isinstance(files, dict):
+        return {}
+    for rel in files:
+        if not is_plain(rel):
+            raise UnsafePathError(f"{package_dir / MANIFEST} lists {rel!r}, which is not a plain relative path "
+                                  f"inside {package_dir.parent}")
+    return {rel: str(digest) for rel, digest in files.items()}
+
+
 def files_on_disk(package_dir: Path, beside: set[str] | None = None) -> list[str]:
     """Every file of the package directory, and of the `beside` roots (`../deploy`: that folder beside the
     package, or that one file), as tree paths."""
@@ -97,8 +134,11 @@ def is_current(package_dir: Path, inputs_hash: str) -> bool:
     manifest = read_manifest(package_dir)
     if manifest is None or manifest.get("inputs_sha256") != inputs_hash:
         return False
-    listed = manifest.get("files")
-    if not isinstance(listed, dict):
+    try:
+        listed = listed_files(package_dir, manifest)
+    except UnsafePathError:
+        return False
+    if not listed:
         return False
     if files_on_disk(package_dir, _beside_roots(listed)) != sorted([*listed, MANIFEST]):
         return False
@@ -166,30 +206,49 @@ def write(package_dir: Path, tree: Tree) -> list[tuple[str, str]]:
     Unchanged files are left alone (their mtimes too); files the previous manifest listed that are no longer
     generated are removed; nothing else in the directory is ever deleted. A file beside the package that exists,
     differs and is not listed in the previous manifest (a project's own pyproject.toml, say) is never overwritten:
-    FileExistsError, and nothing is written.
+    FileExistsError, and nothing is written. Every path, written or removed, must land inside the output folder
+    (UnsafePathError, and nothing is written or removed).
     """
-    old = read_manifest(package_dir) or {}
-    previous = set((old.get("files") or {}).keys()) if isinstance(old.get("files"), dict) else set()
+    previous = set(listed_files(package_dir, read_manifest(package_dir)))
+    targets = {rel: landing(package_dir, rel) for rel in sorted(set(tree.files) | previous)}
     for rel in sorted(tree.files):  # a file beside the package that someone else wrote is never overwritten
-        target = Path(display(package_dir, rel))
+        target = targets[rel]
         if rel.startswith(BESIDE) and rel not in previous and target.exists() and (
                 not target.is_file() or target.read_bytes() != tree.files[rel]):
             raise FileExistsError(f"{target} exists and was not written by oipgen; nothing was written (choose "
                                   f"another output folder, or leave out the target that writes it)")
     actions: list[tuple[str, str]] = []
     for rel in sorted(tree.files):
-        target = Path(display(package_dir, rel))
+        target = targets[rel]
         data = tree.files[rel]
-        if target.is_file() and target.read_bytes() == data:
+        if target.is_file() and not target.is_symlink() and target.read_bytes() == data:
             continue
         actions.append(("updated" if target.exists() else "created", rel))
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".oipgen-tmp")
-        tmp.write_bytes(data)
-        tmp.replace(target)
+        _replace(target, data)
     for rel in sorted(previous - set(tree.files)):
-        target = package_dir / rel
-        if target.is_file():
+        target = targets[rel]
+        if target.is_file() or target.is_symlink():
             target.unlink()
             actions.append(("removed", rel))
     return actions
+
+
+def _replace(target: Path, data: bytes) -> None:
+    """Write `data` to a file of a fresh name in the target's folder, created exclusively (a name planted there,
+    a symlink say, is never followed), then rename it over the target."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.oipgen-tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -4,9 +4,11 @@ manifest, checked by --check and removed when no longer generated, like the pack
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from conftest import SPEC, oipgen
 
 from oipgen.output import MANIFEST, Tree, diff, display, files_on_disk, is_current, manifest_bytes, write
 
@@ -66,3 +68,70 @@ def test_files_no_longer_generated_beside_the_package_are_removed_and_nothing_el
 def test_paths_stay_plain_and_relative(path: str) -> None:
     with pytest.raises(ValueError, match="plain relative path"):
         Tree().add_beside(path, "x")
+
+
+# --- a build that stays in its folder: through the command line, in a tmp project ----------------------------------
+
+
+def _built(tmp_path: Path) -> Path:
+    """A tmp project built with the repository's spec: returns its output folder (`out/oip`, `out/deploy`...)."""
+    result = oipgen("build", "--spec", str(SPEC), "--out", "out", "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "out"
+
+
+def _list_in_manifest(package: Path, *paths: str) -> None:
+    doc = json.loads((package / MANIFEST).read_text())
+    doc["files"].update({p: "0" * 64 for p in paths})
+    (package / MANIFEST).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("entry", ["../../victim", "ABSOLUTE", "../deploy/../../victim"])
+def test_a_manifest_entry_outside_the_output_folder_is_an_error_and_nothing_is_deleted(
+        tmp_path: Path, entry: str) -> None:
+    out = _built(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("not the build's\n")
+    entry = str(victim) if entry == "ABSOLUTE" else entry
+    stale = out / "oip" / "stale_module.py"  # listed and no longer generated: removed by a sound build
+    stale.write_text("x = 1\n")
+    _list_in_manifest(out / "oip", entry, "stale_module.py")
+    result = oipgen("build", "--spec", str(SPEC), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 1
+    assert repr(entry) in result.stderr and "nothing was written or removed" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert victim.read_text() == "not the build's\n"
+    assert stale.exists()
+    check = oipgen("build", "--check", "--spec", str(SPEC), "--out", "out", cwd=tmp_path)
+    assert check.returncode == 1 and victim.exists()
+
+
+def test_a_planted_tmp_symlink_is_not_followed(tmp_path: Path) -> None:
+    out = _built(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("not the build's\n")
+    models = out / "oip" / "models.py"
+    good = models.read_bytes()
+    models.write_text("# stale\n")  # so that the build writes models.py again
+    (out / "oip" / "models.py.oipgen-tmp").symlink_to(victim)
+    result = oipgen("build", "--spec", str(SPEC), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "not the build's\n"
+    assert models.read_bytes() == good and not models.is_symlink()
+    assert not list((out / "oip").glob(".models.py.*.oipgen-tmp"))  # its own temporary file is gone
+
+
+def test_a_symlinked_folder_leading_out_of_the_output_folder_is_refused(tmp_path: Path) -> None:
+    out = _built(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(out / "deploy", elsewhere)
+    (out / "deploy").symlink_to(elsewhere)
+    containerfile = elsewhere / "Containerfile"
+    containerfile.write_text("FROM mine\n")
+    stale = elsewhere / "old.txt"
+    stale.write_text("mine\n")
+    _list_in_manifest(out / "oip", "../deploy/old.txt")
+    result = oipgen("build", "--spec", str(SPEC), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "leads outside" in result.stderr and "nothing was written or removed" in result.stderr
+    assert containerfile.read_text() == "FROM mine\n" and stale.exists()
