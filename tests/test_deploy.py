@@ -20,6 +20,7 @@ import pickle
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -29,10 +30,11 @@ import jsonschema
 import netns
 import pytest
 import yaml
-from conftest import GENERATED, SPEC, oipgen
+from conftest import GENERATED, ROOT, SPEC, oipgen
 from serving import build_repository
 
 from oipgen.output import read_manifest
+from oipgen.render import LINE_BREAKS
 from oipgen.targets import requirements, resolve
 from oipgen.targets.deploy import DeploySettings, defaults, parse_settings, serve_command
 
@@ -138,6 +140,77 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path: Path, tab
     assert result.returncode == 2
     assert message in result.stderr and "[tool.oipgen.deploy]" in result.stderr
     assert not (tmp_path / "generated").exists()
+
+
+def _deploy_table(tmp_path: Path, table: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.oipgen]\nspec = "{SPEC.as_posix()}"\n[tool.oipgen.deploy]\n{table}\n', encoding="utf-8")
+    return oipgen("build", cwd=tmp_path)
+
+
+def test_a_carriage_return_in_base_image_cannot_add_a_containerfile_instruction(tmp_path: Path) -> None:
+    result = _deploy_table(tmp_path, 'base_image = "python:3.11\\rRUN\\ttouch\\t/tmp/x"')
+    assert result.returncode == 2
+    assert "base_image 'python:3.11\\rRUN\\ttouch\\t/tmp/x' holds a line break" in result.stderr
+    assert not (tmp_path / "generated").exists()
+
+
+def test_a_line_separator_in_image_cannot_reparent_the_serving_runtime_fields(tmp_path: Path) -> None:
+    result = _deploy_table(tmp_path, 'image = "acme/server:1\\u2028privileged:"')
+    assert result.returncode == 2
+    assert "image 'acme/server:1\\u2028privileged:' holds a line break" in result.stderr
+    assert not (tmp_path / "generated").exists()
+
+
+STRING_SETTINGS = sorted(key for key, value in defaults("oip").items() if isinstance(value, str))
+STEERING = ["\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\t", "\x00", "\x1b", "\x7f",
+            "\u202e"]
+
+
+@pytest.mark.parametrize("key", STRING_SETTINGS)
+@pytest.mark.parametrize("char", STEERING, ids=[f"U+{ord(c):04X}" for c in STEERING])
+def test_no_string_setting_takes_a_character_that_can_steer_a_line(tmp_path: Path, key: str, char: str) -> None:
+    value = defaults("oip")[key][:3] + char + "x"
+    with pytest.raises(ValueError, match=f"{key} .* holds a line break"):
+        parse_settings({key: value}, "oip")
+
+
+def test_the_command_line_refuses_each_steering_character(tmp_path: Path) -> None:
+    for char in STEERING:
+        result = _deploy_table(tmp_path, f'storage_uri = "s3://a\\u{ord(char):04X}b"')
+        assert result.returncode == 2 and "storage_uri" in result.stderr, (char, result.stderr)
+        assert char not in result.stderr.removesuffix("\n")  # one line: named escaped, never echoed raw
+    assert not (tmp_path / "generated").exists()
+
+
+def test_a_kubernetes_name_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(ValueError, match="is not a Kubernetes name"):
+        parse_settings({"runtime": "oip-runtime\n"}, "oip")
+
+
+@pytest.mark.parametrize("value", ["&anchor", "*alias", "!tag", "-flag", "{a}", "[a]", "|", ">x", "%x", "@x", "`x"])
+def test_a_word_setting_cannot_start_with_a_yaml_indicator(value: str) -> None:
+    with pytest.raises(ValueError, match="starting with a letter or digit"):
+        parse_settings({"image": value}, "oip")
+
+
+def test_line_breaks_are_exactly_what_str_splitlines_splits_on() -> None:
+    splitters = {chr(i) for i in range(0x110000) if len(f"a{chr(i)}b".splitlines()) == 2}
+    assert splitters == LINE_BREAKS
+
+
+def test_the_renderer_refuses_a_line_break_it_does_not_write(tmp_path: Path) -> None:
+    """The renderer writes "\\n" only; output that holds another line break (a value carried it in) is refused,
+    never turned into a new line."""
+    override = tmp_path / "templates" / "deploy"
+    override.mkdir(parents=True)
+    original = (ROOT / "templates" / "deploy" / "Containerfile.jinja").read_text()
+    (override / "Containerfile.jinja").write_text(original + "LABEL x=a\u2028RUN touch /tmp/x\n", encoding="utf-8")
+    result = oipgen("build", "--spec", str(SPEC), "--templates", str(tmp_path / "templates"), "--out", "out",
+                    cwd=tmp_path)
+    assert result.returncode == 2
+    assert "deploy/Containerfile.jinja: the rendered text holds line breaks other than \\n (U+2028)" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_generated_messages_pickle_as_ray_passes_them_between_processes() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..output import Tree
+from ..render import steers_lines
 from . import Context, requirements, resolve
 
 MODEL_DIR = "/mnt/models"  # where KServe's storage initializer puts the model repository
@@ -22,7 +23,7 @@ GRPC_PORT = 8081
 HEALTH_READY = "/v2/health/ready"
 HEALTH_LIVE = "/v2/health/live"
 METRICS_PATH = "/metrics"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,11 @@ def parse_settings(raw: Mapping[str, Any], package: str) -> DeploySettings:
             problems.append(f"{key} must be a {want.__name__}, got {value!r}")
             continue
         values[key] = value
+    for key, value in values.items():
+        if isinstance(value, str) and steers_lines(value):
+            problems.append(f"{key} {value!r} holds a line break, a tab or another control character")
     for key in ("runtime", "service", "model_format"):
-        if not _DNS_LABEL.match(str(values[key])):
+        if not _DNS_LABEL.fullmatch(str(values[key])):
             problems.append(f"{key} {values[key]!r} is not a Kubernetes name (lower case letters, digits and '-')")
     for key in ("uid", "min_replicas", "max_replicas", "scale_target", "termination_grace_seconds", "ray_replicas",
                 "workers"):
@@ -109,8 +113,11 @@ def parse_settings(raw: Mapping[str, Any], package: str) -> DeploySettings:
         if not 1 <= values[key] <= 65535:
             problems.append(f"{key} {values[key]} is not a port")
     for key in ("image", "base_image", "storage_uri", "cpu", "memory", "model_format_version"):
-        if not str(values[key]).strip() or any(c in str(values[key]) for c in "\"'\n\\ "):
-            problems.append(f"{key} {values[key]!r} must be one word without quotes")
+        word = str(values[key])
+        # One word that starts with a letter or digit: no space to split it, no quote or backslash to escape, no
+        # leading YAML indicator (`&`, `*`, `!`, `-`, `{`...) to change what the YAML manifests read.
+        if not word[:1].isalnum() or any(c.isspace() or c in "\"'\\" for c in word):
+            problems.append(f"{key} {values[key]!r} must be one word without quotes, starting with a letter or digit")
     if problems:
         raise ValueError("[tool.oipgen.deploy]: " + "; ".join(problems))
     return DeploySettings(**{f.name: values[f.name] for f in fields(DeploySettings)})
