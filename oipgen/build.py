@@ -105,6 +105,7 @@ def inputs_hash(opts: BuildOptions) -> str:
 
 def build_tree(opts: BuildOptions) -> Tree:
     """Load the spec and render every requested target into memory, manifest included."""
+    from .breaking import recorded_descriptors
     from .load import load_spec
     from .plan import make_plan
     from .render import Renderer, header_lines
@@ -136,6 +137,8 @@ def build_tree(opts: BuildOptions) -> Tree:
         "tools": tool_versions(),
         "runtime_requirements": requirements(targets),
         "parts": {part: part_requirements(part) for part in parts(targets)},
+        # The gRPC descriptors, so that the next build can tell a wire break (oipgen.breaking.build_breaks).
+        "descriptors": recorded_descriptors(api),
     }
     tree.add(MANIFEST, manifest_bytes(meta, tree))
     return tree

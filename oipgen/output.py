@@ -151,25 +151,38 @@ def is_current(package_dir: Path, inputs_hash: str) -> bool:
     return True
 
 
+# Bounds of the --check report, so that a CI log shows it whole: lines cut at _WIDTH characters, at most _PER_FILE
+# diff lines per file and about _DETAILS in all (the files after that are counted), _LISTED paths per kind
+# (changed, missing, extra).
+_WIDTH = 160
+_PER_FILE = 24
+_DETAILS = 60
+_LISTED = 20
+
+
 @dataclass
 class Diff:
     changed: list[str]
     missing: list[str]
     extra: list[str]
     details: list[str]
+    manifest: str | None = None  # how the manifest differs, in one line; None when it does not
 
     @property
     def clean(self) -> bool:
         return not (self.changed or self.missing or self.extra)
 
-    def summary(self, limit: int = 40) -> str:
-        lines = [f"changed: {p}" for p in self.changed]
-        lines += [f"missing: {p}" for p in self.missing]
-        lines += [f"extra (not generated): {p}" for p in self.extra]
-        body = self.details[:limit]
-        if len(self.details) > limit:
-            body.append(f"... {len(self.details) - limit} more diff lines")
-        return "\n".join(lines + (["", *body] if body else []))
+    def summary(self) -> str:
+        """Changed, missing and extra files, a diff of each change (descriptors at the proto level), and last the
+        manifest's difference in one line."""
+        lines: list[str] = []
+        for kind, paths in (("changed", [p for p in self.changed if p != MANIFEST]), ("missing", self.missing),
+                            ("extra (not generated)", self.extra)):
+            lines += [f"{kind}: {p}" for p in paths[:_LISTED]]
+            if len(paths) > _LISTED:
+                lines.append(f"... and {len(paths) - _LISTED} more {kind.split()[0]}")
+        tail = [f"{MANIFEST}: {self.manifest}"] if self.manifest else []
+        return "\n".join(lines + (["", *self.details] if self.details else []) + tail)
 
 
 def diff(package_dir: Path, tree: Tree) -> Diff:
@@ -177,27 +190,103 @@ def diff(package_dir: Path, tree: Tree) -> Diff:
     changed: list[str] = []
     missing: list[str] = []
     details: list[str] = []
+    manifest = None
+    unshown = 0
     for rel in sorted(tree.files):
         want = tree.files[rel]
         if rel not in on_disk:
             missing.append(rel)
             continue
         have = (package_dir / rel).read_bytes()
-        if have != want:
-            changed.append(rel)
-            if len(details) < 200:
-                details += list(
-                    difflib.unified_diff(
-                        have.decode("utf-8", "replace").splitlines(),
-                        want.decode("utf-8", "replace").splitlines(),
-                        f"{rel} (on disk)",
-                        f"{rel} (from spec)",
-                        n=1,
-                        lineterm="",
-                    )
-                )[:60]
+        if have == want:
+            continue
+        changed.append(rel)
+        if rel == MANIFEST:
+            manifest = _manifest_change(have, want)
+        elif len(details) < _DETAILS:
+            lines = difflib.unified_diff(_readable(rel, have), _readable(rel, want), f"{rel} (on disk)",
+                                         f"{rel} (from spec)", n=1, lineterm="")
+            shown = [_cut(line) for line in lines]
+            room = min(_PER_FILE, _DETAILS - len(details))
+            details += shown[:room]
+            if len(shown) > room:
+                details.append(f"... {len(shown) - room} more lines of this diff")
+        else:
+            unshown += 1
+    if unshown:
+        details.append(f"... the diffs of {unshown} more changed file(s) are not shown")
     extra = sorted(on_disk - set(tree.files))
-    return Diff(changed, missing, extra, details)
+    return Diff(changed, missing, extra, details, manifest)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= _WIDTH else f"{line[:_WIDTH]}... ({len(line) - _WIDTH} more characters)"
+
+
+def _manifest_change(have: bytes, want: bytes) -> str:
+    """How the manifest on disk differs from the one the spec generates, in one line: the keys, and for tables
+    (files, spec_files...) how many entries, instead of the hash lines."""
+    try:
+        old = json.loads(have)
+        new = json.loads(want)
+    except ValueError:
+        return "unreadable on disk"
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return "unreadable on disk"
+    parts = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            count = sum(a.get(k) != b.get(k) for k in set(a) | set(b))
+            parts.append(f"{key} ({count} {'entry' if count == 1 else 'entries'})")
+        else:
+            parts.append(key)
+    return f"differs in {', '.join(parts)}" if parts else "differs in formatting"
+
+
+def _readable(rel: str, data: bytes) -> list[str]:
+    """A file's lines as the --check diff shows them. In a protoc module (`*_pb2.py`) the serialized descriptor
+    is shown at the proto level, one line per field (`oipgen.breaking.proto_view`), and the byte offsets into it
+    as one line; everything else as it is."""
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if not rel.endswith("_pb2.py"):
+        return lines
+    from .breaking import descriptor_view
+
+    found = _serialized_descriptor(text)
+    if found is not None:
+        start, end, blob = found
+        view = descriptor_view(blob)
+        if view is not None:
+            lines = [*lines[:start - 1], *(f"# descriptor: {line}" for line in view), *lines[end:]]
+    offsets = [line for line in lines if "._serialized_start=" in line or "._serialized_end=" in line]
+    if offsets:
+        digest = sha256("\n".join(offsets).encode())[:12]
+        first = lines.index(offsets[0])
+        kept = [line for line in lines if line not in set(offsets)]
+        kept.insert(first, f"# {len(offsets)} offsets into the serialized descriptor (sha256 {digest})")
+        lines = kept
+    return lines
+
+
+def _serialized_descriptor(text: str) -> tuple[int, int, bytes] | None:
+    """The first and last line of the `AddSerializedFile(b'...')` call of a protoc module, and its bytes, read
+    from the syntax tree (never executed)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "AddSerializedFile" and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, bytes)):
+            return node.lineno, node.end_lineno or node.lineno, node.args[0].value
+    return None
 
 
 def write(package_dir: Path, tree: Tree) -> list[tuple[str, str]]:
@@ -231,6 +320,28 @@ def write(package_dir: Path, tree: Tree) -> list[tuple[str, str]]:
         if target.is_file() or target.is_symlink():
             target.unlink()
             actions.append(("removed", rel))
+    return actions
+
+
+def extra_files(package_dir: Path, tree: Tree) -> list[str]:
+    """The files in the places the tree writes (the package folder, the folders beside it) that it does not hold:
+    what --check reports as extra and --prune removes."""
+    return sorted(set(files_on_disk(package_dir, _beside_roots(tree.files))) - set(tree.files))
+
+
+def prune(package_dir: Path, extra: list[str]) -> list[tuple[str, str]]:
+    """Remove `extra` (from extra_files), and the folders that leaves empty; return ("pruned", path) for each file.
+    Every path is checked to land inside the output folder before anything is removed (UnsafePathError)."""
+    targets = [(rel, landing(package_dir, rel)) for rel in extra]
+    roots = {package_dir.resolve(), package_dir.parent.resolve()}
+    actions = []
+    for rel, target in targets:
+        target.unlink()
+        actions.append(("pruned", rel))
+        folder = target.parent
+        while folder.resolve() not in roots and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
     return actions
 
 

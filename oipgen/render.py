@@ -10,7 +10,6 @@ import jinja2
 
 from . import __version__
 
-
 # What a line break is, for the renderer and for every check of a value that goes into a line: exactly the
 # characters str.splitlines splits on. YAML, container build files and editors honour some of them besides "\n",
 # so the renderer writes "\n" only and refuses output that holds any other (a value carried one in).

@@ -4,6 +4,7 @@ manifest, checked by --check and removed when no longer generated, like the pack
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -135,3 +136,96 @@ def test_a_symlinked_folder_leading_out_of_the_output_folder_is_refused(tmp_path
     assert result.returncode == 1
     assert "leads outside" in result.stderr and "nothing was written or removed" in result.stderr
     assert containerfile.read_text() == "FROM mine\n" and stale.exists()
+
+
+# --- --check a person can read in a CI log, and --prune ------------------------------------------------------------
+
+
+def _project(tmp_path: Path) -> Path:
+    """A tmp project with its own copy of the spec in `myspec/`, built into `out/` by a relative --spec."""
+    shutil.copytree(SPEC, tmp_path / "myspec")
+    result = oipgen("build", "--spec", "myspec", "--out", "out", "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return tmp_path
+
+
+def _renumber_platform(project: Path, number: int) -> None:
+    proto = project / "myspec" / "grpc_service.proto"
+    text = proto.read_text()
+    assert text.count("  string platform = 3;\n") == 1
+    proto.write_text(text.replace("  string platform = 3;\n", f"  string platform = {number};\n"))
+
+
+def test_check_shows_a_renumbered_field_at_the_proto_level_in_a_few_kilobytes(tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    _renumber_platform(project, 33)
+    result = oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project)
+    assert result.returncode == 1
+    report = result.stderr
+    assert len(report.encode()) < 3 * 1024, len(report.encode())
+    lines = report.splitlines()
+    assert "changed: grpc/grpc_service_pb2.py" in lines
+    assert "-# descriptor: message inference.ModelMetadataResponse field platform = 3: string" in lines
+    assert "+# descriptor: message inference.ModelMetadataResponse field platform = 33: string" in lines
+    assert "AddSerializedFile" not in report and "\\x" not in report  # no serialized descriptor bytes
+    assert not re.search(r"[0-9a-f]{64}", report)  # no hash lines: the manifest is one summary line
+    [manifest] = [i for i, line in enumerate(lines) if line.startswith(f"{MANIFEST}: ")]
+    assert lines[manifest] == (f"{MANIFEST}: differs in descriptors, files (1 entry), inputs_sha256, "
+                               "spec_files (1 entry), spec_sha256")
+    assert all(not line.startswith(("-", "+", "@@", " ")) for line in lines[manifest:])  # after every diff line
+    assert lines[-1] == "oipgen: to fix it, run: oipgen build --spec myspec --out out"
+    assert "make goldens" not in report
+    fixed = oipgen("build", "--spec", "myspec", "--out", "out", cwd=project)
+    assert fixed.returncode == 0, fixed.stderr
+    assert oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project).returncode == 0
+
+
+def test_check_cuts_long_lines_and_bounds_the_whole_report(tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    for path in sorted((project / "out" / "oip").rglob("*.py"))[:30]:
+        path.write_text("x = '" + "y" * 100_000 + "'\n" + path.read_text())
+    result = oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project)
+    assert result.returncode == 1
+    assert len(result.stderr.encode()) < 16 * 1024, len(result.stderr.encode())
+    assert "-x = 'yyyy" in result.stderr and "y... (99847 more characters)" in result.stderr
+    assert "... and 10 more changed" in result.stderr
+    assert "... the diffs of 18 more changed file(s) are not shown" in result.stderr
+
+
+def test_files_not_generated_are_removed_by_prune_and_nothing_else(tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    out = project / "out"
+    extras = [out / "oip" / "leftover.py", out / "oip" / "old" / "gone.py", out / "deploy" / "mine.yaml"]
+    for path in extras:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("x = 1\n")
+    victim = tmp_path / "victim"
+    victim.write_text("not the build's\n")
+    (out / "oip" / "link.py").symlink_to(victim)  # an extra that is a symlink: the link goes, never its target
+    (out / "unrelated.txt").write_text("not in a folder the build writes\n")
+    cache = out / "oip" / "__pycache__" / "models.cpython-311.pyc"
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_bytes(b"\0")
+
+    check = oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project)
+    assert check.returncode == 1
+    assert "extra (not generated): old/gone.py" in check.stderr
+    assert check.stderr.splitlines()[-1] == ("oipgen: to fix it, run: oipgen build --spec myspec --out out --prune "
+                                             "(--prune removes the 4 extra file(s); or delete them)")
+    plain = oipgen("build", "--spec", "myspec", "--out", "out", cwd=project)
+    assert plain.returncode == 0 and all(p.exists() for p in extras)
+    assert "4 file(s) in the output are not generated" in plain.stderr
+    assert "delete them, or run oipgen build --spec myspec --out out --prune" in plain.stderr
+
+    pruned = oipgen("build", "--prune", "--spec", "myspec", "--out", "out", cwd=project)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "  pruned   out/oip/leftover.py" in pruned.stdout
+    assert not any(p.exists() for p in extras) and not (out / "oip" / "old").exists()
+    assert not (out / "oip" / "link.py").is_symlink() and victim.read_text() == "not the build's\n"
+    assert (out / "unrelated.txt").exists() and cache.exists() and (out / "deploy" / "Containerfile").exists()
+    assert oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project).returncode == 0
+
+
+def test_check_and_prune_do_not_go_together(tmp_path: Path) -> None:
+    result = oipgen("build", "--check", "--prune", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2 and "not allowed with argument" in result.stderr
