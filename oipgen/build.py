@@ -97,6 +97,15 @@ def inputs_hash(opts: BuildOptions) -> str:
     _, spec_hash = hash_files(opts.spec, spec_inputs(opts.spec)) if opts.spec.is_dir() else ([], "none")
     total.update(f"spec {spec_hash}\n".encode())
     total.update(f"settings {json.dumps(opts.settings, sort_keys=True, default=str)}\n".encode())
+    deploy = opts.settings.get("deploy", {})
+    if isinstance(deploy.get("model_requirements"), str):  # the requirements file it names is an input too
+        from .targets.deploy import parse_settings
+
+        try:
+            found: tuple[str, ...] = parse_settings(deploy, opts.package).model_requirements
+        except ValueError as e:
+            found = (str(e),)
+        total.update(f"model requirements {json.dumps(found)}\n".encode())
     for i, d in enumerate(template_dirs(opts.templates)):
         _hash_tree(total, f"templates{i}", d)
     _hash_tree(total, "runtime", builtin_runtime())
