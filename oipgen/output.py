@@ -266,7 +266,8 @@ def _readable(rel: str, data: bytes) -> list[str]:
     if offsets:
         digest = sha256("\n".join(offsets).encode())[:12]
         first = lines.index(offsets[0])
-        kept = [line for line in lines if line not in set(offsets)]
+        drop = set(offsets)
+        kept = [line for line in lines if line not in drop]
         kept.insert(first, f"# {len(offsets)} offsets into the serialized descriptor (sha256 {digest})")
         lines = kept
     return lines
@@ -336,6 +337,8 @@ def prune(package_dir: Path, extra: list[str]) -> list[tuple[str, str]]:
     roots = {package_dir.resolve(), package_dir.parent.resolve()}
     actions = []
     for rel, target in targets:
+        if not (target.is_file() or target.is_symlink()):  # removed already, as listed by the previous manifest
+            continue
         target.unlink()
         actions.append(("pruned", rel))
         folder = target.parent

@@ -217,8 +217,11 @@ def test_files_not_generated_are_removed_by_prune_and_nothing_else(tmp_path: Pat
     assert "4 file(s) in the output are not generated" in plain.stderr
     assert "delete them, or run oipgen build --spec myspec --out out --prune" in plain.stderr
 
+    (out / "oip" / "stale.py").write_text("x = 1\n")  # extra, and listed by the manifest: removed once
+    _list_in_manifest(out / "oip", "stale.py")
     pruned = oipgen("build", "--prune", "--spec", "myspec", "--out", "out", cwd=project)
     assert pruned.returncode == 0, pruned.stderr
+    assert "  removed  out/oip/stale.py" in pruned.stdout and not (out / "oip" / "stale.py").exists()
     assert "  pruned   out/oip/leftover.py" in pruned.stdout
     assert not any(p.exists() for p in extras) and not (out / "oip" / "old").exists()
     assert not (out / "oip" / "link.py").is_symlink() and victim.read_text() == "not the build's\n"
