@@ -176,8 +176,8 @@ class Diff:
         """Changed, missing and extra files, a diff of each change (descriptors at the proto level), and last the
         manifest's difference in one line."""
         lines: list[str] = []
-        for kind, paths in (("changed", [p for p in self.changed if p != MANIFEST]), ("missing", self.missing),
-                            ("extra (not generated)", self.extra)):
+        kinds = (("changed", self.changed), ("missing", self.missing), ("extra (not generated)", self.extra))
+        for kind, paths in kinds:
             lines += [f"{kind}: {p}" for p in paths[:_LISTED]]
             if len(paths) > _LISTED:
                 lines.append(f"... and {len(paths) - _LISTED} more {kind.split()[0]}")
