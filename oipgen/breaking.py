@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.message import DecodeError
 
 from .api import Api
@@ -356,13 +356,21 @@ def recorded_descriptors(api: Api) -> str:
 
 
 def read_recorded(text: object) -> descriptor_pb2.FileDescriptorSet:
-    """The descriptors a manifest recorded; ValueError when they are not a descriptor set."""
+    """The descriptors a manifest recorded; ValueError when they are not a consistent descriptor set (the
+    manifest is repository content: protobuf's own pool checks every reference before anything reads them)."""
     if not isinstance(text, str):
         raise ValueError("not a string")
     try:
-        return descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(text, validate=True))
+        fds = descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(text, validate=True))
     except (binascii.Error, DecodeError) as e:
         raise ValueError(str(e) or type(e).__name__) from None
+    pool = descriptor_pool.DescriptorPool()
+    for file in fds.file:
+        try:
+            pool.Add(file)
+        except Exception as e:  # protobuf raises TypeError or others, by implementation
+            raise ValueError(str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+    return fds
 
 
 def build_breaks(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Break]:

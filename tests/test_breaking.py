@@ -430,14 +430,26 @@ def test_strict_makes_a_wire_break_an_error_and_writes_nothing(probe_project: Pa
     assert _build(probe_project, "--strict").returncode == 0  # against the new output, nothing breaks
 
 
-def test_unreadable_recorded_descriptors_are_said_and_strict_refuses(probe_project: Path) -> None:
+def _inconsistent_record() -> str:
+    """A descriptor set that parses but whose BreakProbe.count refers to a oneof it does not declare."""
+    file = descriptor_pb2.FileDescriptorProto(name="x.proto", package="inference", syntax="proto3")
+    probe = file.message_type.add(name="BreakProbe")
+    probe.field.add(name="count", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, oneof_index=3)
+    return base64.b64encode(descriptor_pb2.FileDescriptorSet(file=[file]).SerializeToString()).decode()
+
+
+@pytest.mark.parametrize("record", ["not a descriptor set", "INCONSISTENT", 7])
+def test_unreadable_recorded_descriptors_are_said_and_strict_refuses(probe_project: Path, record: object) -> None:
+    record = _inconsistent_record() if record == "INCONSISTENT" else record
     manifest = probe_project / "out" / "oip" / MANIFEST
     doc = json.loads(manifest.read_text())
-    doc["descriptors"] = "not a descriptor set"
+    doc["descriptors"] = record
     manifest.write_text(json.dumps(doc))
     strict = _build(probe_project, "--strict")
     assert strict.returncode == 1 and "are unreadable" in strict.stderr and "nothing was written" in strict.stderr
-    assert json.loads(manifest.read_text())["descriptors"] == "not a descriptor set"
+    assert "Traceback" not in strict.stderr
+    assert json.loads(manifest.read_text())["descriptors"] == record
     plain = _build(probe_project)
     assert plain.returncode == 0 and "wire breaks against the previous build were not checked" in plain.stderr
 
