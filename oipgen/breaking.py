@@ -424,9 +424,9 @@ def descriptor_view(serialized_file: bytes) -> list[str] | None:
     """`proto_view` of one serialized FileDescriptorProto (what a protoc module holds); None if it is not one."""
     try:
         file = descriptor_pb2.FileDescriptorProto.FromString(serialized_file)
-    except DecodeError:
+        return proto_view(descriptor_pb2.FileDescriptorSet(file=[file]))
+    except (DecodeError, IndexError, KeyError):  # not a descriptor, or one that refers to what it lacks
         return None
-    return proto_view(descriptor_pb2.FileDescriptorSet(file=[file]))
 
 
 def _json_name(name: str) -> str:

@@ -180,6 +180,27 @@ def test_check_shows_a_renumbered_field_at_the_proto_level_in_a_few_kilobytes(tm
     assert oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project).returncode == 0
 
 
+def test_check_shows_a_hand_edited_descriptor_without_a_traceback(tmp_path: Path) -> None:
+    """The module on disk is anyone's to edit: a descriptor that is no descriptor, or one that refers to a oneof it
+    lacks, is shown as the bytes it is (cut to a line), never run and never a traceback."""
+    from google.protobuf import descriptor_pb2
+
+    project = _project(tmp_path)
+    module = project / "out" / "oip" / "grpc" / "grpc_service_pb2.py"
+    good = module.read_text()
+    broken = descriptor_pb2.FileDescriptorProto(name="grpc_service.proto", package="inference")
+    broken.message_type.add(name="M").field.add(name="a", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+                                                oneof_index=3)
+    for blob in (b"\xff\xff not a descriptor", broken.SerializeToString()):
+        lines = [f"DESCRIPTOR = _pool.POOL.AddSerializedFile({blob!r})" if "AddSerializedFile(" in line else line
+                 for line in good.split("\n")]
+        module.write_text("\n".join(lines))
+        result = oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert "-DESCRIPTOR = _pool.POOL.AddSerializedFile(b" in result.stderr
+        assert "+# descriptor: message inference.ServerLiveRequest\n" in result.stderr
+
+
 def test_check_cuts_long_lines_and_bounds_the_whole_report(tmp_path: Path) -> None:
     project = _project(tmp_path)
     for path in sorted((project / "out" / "oip").rglob("*.py"))[:30]:
