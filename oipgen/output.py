@@ -280,7 +280,7 @@ def _serialized_descriptor(text: str) -> tuple[int, int, bytes] | None:
 
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # the parser's answers to a hostile module
         return None
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
