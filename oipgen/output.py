@@ -153,11 +153,12 @@ def is_current(package_dir: Path, inputs_hash: str) -> bool:
 
 # Bounds of the --check report, so that a CI log shows it whole: lines cut at _WIDTH characters, at most _PER_FILE
 # diff lines per file and about _DETAILS in all (the files after that are counted), _LISTED paths per kind
-# (changed, missing, extra).
+# (changed, missing, extra); a file of more than _DIFFABLE_LINES lines is not diffed.
 _WIDTH = 160
 _PER_FILE = 24
 _DETAILS = 60
 _LISTED = 20
+_DIFFABLE_LINES = 20_000
 
 
 @dataclass
@@ -204,8 +205,13 @@ def diff(package_dir: Path, tree: Tree) -> Diff:
         if rel == MANIFEST:
             manifest = _manifest_change(have, want)
         elif len(details) < _DETAILS:
-            lines = difflib.unified_diff(_readable(rel, have), _readable(rel, want), f"{rel} (on disk)",
-                                         f"{rel} (from spec)", n=1, lineterm="")
+            old_lines, new_lines = _readable(rel, have), _readable(rel, want)
+            if max(len(old_lines), len(new_lines)) > _DIFFABLE_LINES:  # difflib's time grows with the square
+                details.append(f"{rel}: {len(old_lines)} lines on disk, {len(new_lines)} from the spec: too many to "
+                               "diff here")
+                continue
+            lines = difflib.unified_diff(old_lines, new_lines, f"{rel} (on disk)", f"{rel} (from spec)", n=1,
+                                         lineterm="")
             shown = [_cut(line) for line in lines]
             room = min(_PER_FILE, _DETAILS - len(details))
             details += shown[:room]

@@ -215,6 +215,14 @@ def test_check_cuts_long_lines_and_bounds_the_whole_report(tmp_path: Path) -> No
     assert "... the diffs of 18 more changed file(s) are not shown" in result.stderr
 
 
+def test_check_does_not_diff_a_file_too_long_to_diff(tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    (project / "out" / "oip" / "models.py").write_text("".join(f"line_{i} = {i}\n" for i in range(200_000)))
+    result = oipgen("build", "--check", "--spec", "myspec", "--out", "out", cwd=project)
+    assert result.returncode == 1
+    assert "models.py: 200001 lines on disk," in result.stderr and "too many to diff here" in result.stderr
+
+
 def test_files_not_generated_are_removed_by_prune_and_nothing_else(tmp_path: Path) -> None:
     project = _project(tmp_path)
     out = project / "out"
