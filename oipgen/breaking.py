@@ -8,6 +8,8 @@ old request must still be accepted) and responses (a client must still find what
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import subprocess
 import tarfile
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.message import DecodeError
 
 from .api import Api
 
@@ -339,6 +342,105 @@ def _reserved_kept(where: str, rule: str, old_ranges: Any, new_ranges: Any, incl
     for name in sorted(set(old_names) - set(new_names)):
         out.append(Break(where, rule, f"reserved name {name!r} no longer reserved: a new member may reuse it and "
                                       "misread old JSON"))
+
+
+# -- what a build records, and the proto-level view ----------------------------------------------------------------
+def recorded_descriptors(api: Api) -> str:
+    """The spec's descriptors as a build records them in its manifest: the FileDescriptorSet without source
+    info (comments and positions change no wire), serialized deterministically, in base64. The next build
+    compares its own with these (`build_breaks`)."""
+    fds = _descriptor_set(api)
+    for file in fds.file:
+        file.ClearField("source_code_info")
+    return base64.b64encode(fds.SerializeToString(deterministic=True)).decode("ascii")
+
+
+def read_recorded(text: object) -> descriptor_pb2.FileDescriptorSet:
+    """The descriptors a manifest recorded; ValueError when they are not a consistent descriptor set (the
+    manifest is repository content: protobuf's own pool checks every reference before anything reads them)."""
+    if not isinstance(text, str):
+        raise ValueError("not a string")
+    try:
+        fds = descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(text, validate=True))
+    except (binascii.Error, DecodeError) as e:
+        raise ValueError(str(e) or type(e).__name__) from None
+    pool = descriptor_pool.DescriptorPool()
+    for file in fds.file:
+        try:
+            pool.Add(file)
+        except Exception as e:  # protobuf raises TypeError or others, by implementation
+            raise ValueError(str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+    return fds
+
+
+def build_breaks(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Break]:
+    """The gRPC wire breaks from the descriptors a previous build recorded in its manifest to those of this
+    build's manifest, by the rules of `oipgen breaking`. None recorded (no previous build, or one of an older
+    oipgen): nothing to compare. ValueError: the record is unreadable."""
+    if previous is None or "descriptors" not in previous:
+        return []
+    return sorted(set(grpc_breaks(read_recorded(previous["descriptors"]), read_recorded(current["descriptors"]))))
+
+
+def proto_view(fds: descriptor_pb2.FileDescriptorSet) -> list[str]:
+    """The descriptors at the proto level, one line per message, field, reserved range or name, enum value and RPC,
+    in declaration order, naming what the wire rules above compare (numbers, types, cardinality, oneofs, JSON
+    names, defaults): `message inference.ModelMetadataResponse field platform = 3: string`."""
+    protos = _Protos(fds)
+    package = protos.packages[0] if protos.packages else ""
+    prefix = f"{package}." if package else ""
+    out: list[str] = []
+    for name, m in protos.messages.items():
+        if m.proto.options.map_entry:
+            continue
+        where = f"message {prefix}{name}"
+        out.append(where + (" (message_set_wire_format)" if m.proto.options.message_set_wire_format else ""))
+        for f in m.proto.field:
+            kind = _field_kind(protos, f, package)
+            label = "" if kind in ("map", "optional") else f"{kind} "
+            notes = [f"oneof {oneof}" for oneof in [_real_oneof(m.proto, f)] if oneof]
+            notes += ["optional"] if f.proto3_optional else []
+            notes += [f"json {f.json_name!r}"] if f.json_name and f.json_name != _json_name(f.name) else []
+            notes += [f"default {f.default_value!r}"] if f.HasField("default_value") else []
+            extra = f" ({', '.join(notes)})" if notes else ""
+            out.append(f"{where} field {f.name} = {f.number}: {label}{_field_type(protos, f, package)}{extra}")
+        out += _reserved_lines(where, m.proto.reserved_range, m.proto.reserved_name, inclusive_end=False)
+    for name, e in protos.enums.items():
+        where = f"enum {prefix}{name}"
+        out.append(where)
+        out += [f"{where} value {v.name} = {v.number}" for v in e.proto.value]
+        out += _reserved_lines(where, e.proto.reserved_range, e.proto.reserved_name, inclusive_end=True)
+    for sname, (service, _) in protos.services.items():
+        for rpc in service.method:
+            request = ("stream " if rpc.client_streaming else "") + protos.relative(rpc.input_type, package)
+            response = ("stream " if rpc.server_streaming else "") + protos.relative(rpc.output_type, package)
+            level = rpc.options.idempotency_level
+            note = f" ({descriptor_pb2.MethodOptions.IdempotencyLevel.Name(level)})" if level else ""
+            out.append(f"service {prefix}{sname} rpc {rpc.name}({request}) returns ({response}){note}")
+    return out
+
+
+def descriptor_view(serialized_file: bytes) -> list[str] | None:
+    """`proto_view` of one serialized FileDescriptorProto (what a protoc module holds); None if it is not one."""
+    try:
+        file = descriptor_pb2.FileDescriptorProto.FromString(serialized_file)
+        return proto_view(descriptor_pb2.FileDescriptorSet(file=[file]))
+    except (DecodeError, IndexError, KeyError):  # not a descriptor, or one that refers to what it lacks
+        return None
+
+
+def _json_name(name: str) -> str:
+    """protoc's default JSON name: lowerCamelCase of the field name."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _reserved_lines(where: str, ranges: Any, names: Any, inclusive_end: bool) -> list[str]:
+    out = []
+    for r in ranges:
+        end = r.end if inclusive_end else r.end - 1
+        out.append(f"{where} reserved {r.start}" + (f" to {end}" if end != r.start else ""))
+    return out + [f"{where} reserved name {name!r}" for name in names]
 
 
 # -- REST ---------------------------------------------------------------------------------------------------------

@@ -97,6 +97,15 @@ def inputs_hash(opts: BuildOptions) -> str:
     _, spec_hash = hash_files(opts.spec, spec_inputs(opts.spec)) if opts.spec.is_dir() else ([], "none")
     total.update(f"spec {spec_hash}\n".encode())
     total.update(f"settings {json.dumps(opts.settings, sort_keys=True, default=str)}\n".encode())
+    deploy = opts.settings.get("deploy", {})
+    if isinstance(deploy.get("model_requirements"), str):  # the requirements file it names is an input too
+        from .targets.deploy import parse_settings
+
+        try:
+            found: tuple[str, ...] = parse_settings(deploy, opts.package).model_requirements
+        except ValueError as e:
+            found = (str(e),)
+        total.update(f"model requirements {json.dumps(found)}\n".encode())
     for i, d in enumerate(template_dirs(opts.templates)):
         _hash_tree(total, f"templates{i}", d)
     _hash_tree(total, "runtime", builtin_runtime())
@@ -105,6 +114,7 @@ def inputs_hash(opts: BuildOptions) -> str:
 
 def build_tree(opts: BuildOptions) -> Tree:
     """Load the spec and render every requested target into memory, manifest included."""
+    from .breaking import recorded_descriptors
     from .load import load_spec
     from .plan import make_plan
     from .render import Renderer, header_lines
@@ -136,6 +146,8 @@ def build_tree(opts: BuildOptions) -> Tree:
         "tools": tool_versions(),
         "runtime_requirements": requirements(targets),
         "parts": {part: part_requirements(part) for part in parts(targets)},
+        # The gRPC descriptors, so that the next build can tell a wire break (oipgen.breaking.build_breaks).
+        "descriptors": recorded_descriptors(api),
     }
     tree.add(MANIFEST, manifest_bytes(meta, tree))
     return tree

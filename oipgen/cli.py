@@ -51,8 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, help="output directory (default: generated)")
     b.add_argument("--package", help="name of the generated package (default: oip)")
     b.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
-    b.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 with a diff summary if the output on disk is stale or has extra files")
+    mode = b.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 with a diff summary if the output on disk is stale or has extra "
+                           "files")
+    mode.add_argument("--prune", action="store_true",
+                      help="also remove the files in the output that are not generated (those --check reports as "
+                           "extra)")
+    b.add_argument("--strict", action="store_true",
+                   help="a wire break against the previous build (a field or RPC renumbered, retyped or removed) is "
+                        "an error: exit 1 and write nothing (default: a warning)")
     b.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     k = sub.add_parser("breaking", help="list the changes that break clients or servers of an older spec")
     k.add_argument("--against", required=True, metavar="OLD",
@@ -265,35 +273,89 @@ def _build(args: argparse.Namespace) -> int:
     if tree is None:
         return EXIT_SPEC
 
-    if args.check:
-        from .output import diff
+    from .output import MANIFEST, UnsafePathError, diff, display, extra_files, prune, read_manifest, write
 
+    breaks, unchecked = _wire_breaks(opts.package_dir, read_manifest(opts.package_dir), tree.files[MANIFEST])
+    if args.check:
         d = diff(opts.package_dir, tree)
         if d.clean:
             if not args.quiet:
                 print(f"oipgen: {opts.package_dir} is up to date ({time.perf_counter() - started:.2f}s)")
             return 0
-        print(f"oipgen: {opts.package_dir} is not what the spec generates. Rebuild it with `oipgen build` "
-              f"(in this repository: make goldens).", file=sys.stderr)
+        print(f"oipgen: {opts.package_dir} is not what the spec generates:", file=sys.stderr)
         print(d.summary(), file=sys.stderr)
+        for line in [*breaks, *([unchecked] if unchecked else [])]:
+            print(line, file=sys.stderr)
+        fix = f"oipgen: to fix it, run: {_build_command(args, prune=bool(d.extra))}"
+        if d.extra:
+            fix += f" (--prune removes the {len(d.extra)} extra file(s); or delete them)"
+        print(fix, file=sys.stderr)
         return EXIT_STALE
 
-    from .output import display, write
-
+    for line in [*breaks, *([unchecked] if unchecked else [])]:
+        print(line, file=sys.stderr)
+    if (breaks or unchecked) and args.strict:
+        print("oipgen: --strict: nothing was written", file=sys.stderr)
+        return EXIT_BREAKING
     try:
+        extra = extra_files(opts.package_dir, tree) if args.prune else []
         actions = write(opts.package_dir, tree)
+        actions += prune(opts.package_dir, extra)
     except FileExistsError as e:
         print(f"oipgen: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except UnsafePathError as e:
+        print(f"oipgen: {e}; nothing was written or removed", file=sys.stderr)
         return EXIT_REFUSED
     if not args.quiet:
         for action, rel in actions:
             print(f"  {action:8} {display(opts.package_dir, rel)}")
         print(
             f"oipgen {__version__}: {opts.package_dir}: {len(tree.files)} files, {len(actions)} written, "
-            f"{len(tree.files) - sum(a != 'removed' for a, _ in actions)} unchanged "
+            f"{len(tree.files) - sum(a == 'created' or a == 'updated' for a, _ in actions)} unchanged "
             f"({time.perf_counter() - started:.2f}s)"
         )
+    if not args.prune:
+        left = extra_files(opts.package_dir, tree)
+        if left:
+            print(f"oipgen: {len(left)} file(s) in the output are not generated, so `--check` fails on them "
+                  f"(first: {display(opts.package_dir, left[0])}): delete them, or run "
+                  f"{_build_command(args, prune=True)}", file=sys.stderr)
     return 0
+
+
+def _wire_breaks(package_dir: Path, previous: dict[str, Any] | None, manifest: bytes) -> tuple[list[str], str | None]:
+    """One line per gRPC wire break from the previous build's descriptors to these, and a line saying why they
+    could not be compared (None when they could)."""
+    import json
+
+    from .breaking import build_breaks
+
+    try:
+        breaks = build_breaks(previous, json.loads(manifest))
+    except ValueError as e:
+        return [], (f"oipgen: warning: the descriptors recorded in {package_dir / '_oipgen_manifest.json'} are "
+                    f"unreadable ({e}); wire breaks against the previous build were not checked")
+    lines = [f"oipgen: warning: wire break: {b}" for b in breaks]
+    if lines:
+        lines.append(f"oipgen: {len(breaks)} wire break(s) against the previous build of {package_dir}: peers built "
+                     "on it misread or cannot call the new one. `oipgen breaking --against REV` lists every "
+                     "break, REST too, against a committed spec; `--strict` makes this an error.")
+    return lines, None
+
+
+def _build_command(args: argparse.Namespace, prune: bool) -> str:
+    """The `oipgen build` that rewrites the output, with the flags this one was given."""
+    import shlex
+
+    words = ["oipgen", "build"]
+    for target in args.target or []:
+        words += ["--target", target]
+    for flag, value in (("--spec", args.spec), ("--out", args.out), ("--package", args.package),
+                        ("--templates", args.templates)):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words + (["--strict"] if args.strict else []) + (["--prune"] if prune else []))
 
 
 def _tree_or_report(opts: Any) -> Any:

@@ -99,12 +99,22 @@ def load_protos(spec_dir: Path, problems: Problems) -> ProtoSet | None:
     return _walk(spec_dir, ours, fds, problems)
 
 
+def _spec_file(spec_dir: Path, names: list[str], reported: str) -> str:
+    """protoc names a file by the path it opened, the -I folder joined with the name (`myspec/x.proto` for
+    --spec myspec): name it once, as the user gave the folder."""
+    path = Path(reported)
+    for name in names:
+        if reported == name or path == spec_dir / name:
+            return str(spec_dir / name)
+    return reported
+
+
 def _report_protoc_errors(spec_dir: Path, names: list[str], err: str, problems: Problems) -> None:
     found = False
     for line in err.splitlines():
         m = _PROTOC_LINE.match(line.strip())
         if m:
-            problems.add(str(spec_dir / m["file"]), f"line {m['line']}:{m['col']}", m["msg"])
+            problems.add(_spec_file(spec_dir, names, m["file"]), f"line {m['line']}:{m['col']}", m["msg"])
             found = True
         elif line.strip() and not line.startswith("Warning"):
             file = next((n for n in names if line.startswith(n)), ", ".join(names))

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from . import __version__
+
+# What a line break is, for the renderer and for every check of a value that goes into a line: exactly the
+# characters str.splitlines splits on. YAML, container build files and editors honour some of them besides "\n",
+# so the renderer writes "\n" only and refuses output that holds any other (a value carried one in).
+LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+# Characters that can end, split or disguise a line without being a line break: controls (tab included) and
+# invisible format characters (bidirectional overrides).
+_STEERING = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def steers_lines(value: str) -> bool:
+    """True if `value` holds a line break, a tab or another control character, or an invisible format character:
+    printed into a line of a generated file, it could start a new line or change how the line reads."""
+    return any(c in LINE_BREAKS or unicodedata.category(c) in _STEERING for c in value)
 
 
 def builtin_templates() -> Path:
@@ -72,8 +87,12 @@ class Renderer:
 
     def render(self, template: str, **extra: Any) -> str:
         text = self.env.get_template(template).render(**self.context, **extra)
+        stray = sorted({f"U+{ord(c):04X}" for c in text if c in LINE_BREAKS and c != "\n"})
+        if stray:
+            raise ValueError(f"{template}: the rendered text holds line breaks other than \\n ({', '.join(stray)}); "
+                             "a value from the spec or the settings carries them")
         # One trailing newline, no trailing spaces: the output must not depend on template whitespace slips.
-        lines = [line.rstrip() for line in text.splitlines()]
+        lines = [line.rstrip() for line in text.split("\n")]
         while lines and not lines[-1]:
             lines.pop()
         return "\n".join(lines) + "\n"

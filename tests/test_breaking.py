@@ -6,6 +6,8 @@ message and RPC added to the proto (declared gRPC-only), so that no REST schema 
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -15,10 +17,12 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ROOT, SPEC, oipgen
+from google.protobuf import descriptor_pb2
 
 from oipgen.api import Api
 from oipgen.breaking import compare
 from oipgen.load import load_spec
+from oipgen.output import MANIFEST
 
 PROBE = """
 // A message and an RPC that only the breaking-change tests use.
@@ -356,3 +360,105 @@ def test_readme_documents_the_command() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "oipgen breaking --against origin/main" in readme
     assert "id: oipgen-breaking" in readme
+
+
+# -- the build warns of wire breaks against its previous output -----------------------------------------------------
+def _build(project: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return oipgen("build", "--spec", "spec", "--out", "out", *flags, cwd=project)
+
+
+@pytest.fixture
+def probe_project(tmp_path: Path) -> Path:
+    """A project whose spec has the probe message and RPC, built once: its manifest records the descriptors."""
+    project = tmp_path / "acme"
+    _spec(project, "spec", with_probe)
+    first = _build(project)
+    assert first.returncode == 0 and "wire break" not in first.stderr, first.stderr
+    return project
+
+
+def test_the_build_warns_of_each_wire_break_against_its_previous_output(probe_project: Path) -> None:
+    """Each step changes the spec built by the step before; the build warns of exactly the break it makes."""
+    steps: list[tuple[str, Edit, str | None]] = [
+        ("additive: a field with a new number", _proto("int32 spare = 9;", "int32 spare = 9;\n  string added = 30;"),
+         None),
+        ("field renumbered", _proto("int32 count = 1;", "int32 count = 10;"), "FIELD_NO_DELETE_UNLESS_NUMBER_RESERVED"),
+        ("field retyped", _proto("string label = 2;", "bytes label = 2;"), "FIELD_WIRE_JSON_COMPATIBLE_TYPE"),
+        ("field removed", _proto("  int32 spare = 9;\n", ""), "FIELD_NO_DELETE_UNLESS_NUMBER_RESERVED"),
+        ("rpc retyped", _proto("rpc ProbeCall(BreakProbe)", "rpc ProbeCall(BreakProbe.Inner)"),
+         "RPC_SAME_REQUEST_TYPE"),
+        ("rpc removed", _both(_proto(PROBE_RPC.replace("(BreakProbe)", "(BreakProbe.Inner)", 1), ""),
+                              _grpc_only("ProbeCall", False)), "RPC_NO_DELETE"),
+    ]
+    for name, edit, rule in steps:
+        edit(probe_project / "spec")
+        result = _build(probe_project)
+        assert result.returncode == 0, (name, result.stderr)
+        warnings = [line for line in result.stderr.splitlines() if "wire break: " in line]
+        if rule is None:
+            assert "wire break" not in result.stderr, (name, result.stderr)
+            continue
+        assert len(warnings) == 1 and f": {rule}: " in warnings[0], (name, result.stderr)
+        assert "`oipgen breaking --against REV`" in result.stderr and "--strict" in result.stderr
+        assert "updated  out/oip/_oipgen_manifest.json" in result.stdout  # a warning: the build went on
+    again = _build(probe_project)  # the manifest records the last descriptors: nothing to warn of
+    assert again.returncode == 0 and "wire break" not in again.stderr
+
+
+def test_the_build_and_oipgen_breaking_decide_wire_breaks_in_one_place(probe_project: Path) -> None:
+    shutil.copytree(probe_project / "spec", probe_project / "old")
+    for edit in (_proto("int32 count = 1;", "int32 count = 10;"), _proto("string label = 2;", "bytes label = 2;"),
+                 _both(_proto(PROBE_RPC, ""), _grpc_only("ProbeCall", False))):
+        edit(probe_project / "spec")
+    built = _build(probe_project)
+    breaking = oipgen("breaking", "--against", "old", "--spec", "spec", cwd=probe_project)
+    assert breaking.returncode == 1
+    warned = [line.removeprefix("oipgen: warning: wire break: ") for line in built.stderr.splitlines()
+              if line.startswith("oipgen: warning: wire break: ")]
+    assert len(warned) == 3 and warned == [line for line in breaking.stdout.splitlines() if line.startswith("gRPC")]
+
+
+def test_strict_makes_a_wire_break_an_error_and_writes_nothing(probe_project: Path) -> None:
+    package = probe_project / "out" / "oip"
+    before = {p: p.read_bytes() for p in (package / MANIFEST, package / "grpc" / "grpc_service_pb2.py")}
+    _proto("int32 count = 1;", "int32 count = 10;")(probe_project / "spec")
+    strict = _build(probe_project, "--strict")
+    assert strict.returncode == 1
+    assert "FIELD_NO_DELETE_UNLESS_NUMBER_RESERVED" in strict.stderr and "nothing was written" in strict.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    assert _build(probe_project).returncode == 0
+    assert _build(probe_project, "--strict").returncode == 0  # against the new output, nothing breaks
+
+
+def _inconsistent_record() -> str:
+    """A descriptor set that parses but whose BreakProbe.count refers to a oneof it does not declare."""
+    file = descriptor_pb2.FileDescriptorProto(name="x.proto", package="inference", syntax="proto3")
+    probe = file.message_type.add(name="BreakProbe")
+    probe.field.add(name="count", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, oneof_index=3)
+    return base64.b64encode(descriptor_pb2.FileDescriptorSet(file=[file]).SerializeToString()).decode()
+
+
+@pytest.mark.parametrize("record", ["not a descriptor set", "INCONSISTENT", 7])
+def test_unreadable_recorded_descriptors_are_said_and_strict_refuses(probe_project: Path, record: object) -> None:
+    record = _inconsistent_record() if record == "INCONSISTENT" else record
+    manifest = probe_project / "out" / "oip" / MANIFEST
+    doc = json.loads(manifest.read_text())
+    doc["descriptors"] = record
+    manifest.write_text(json.dumps(doc))
+    strict = _build(probe_project, "--strict")
+    assert strict.returncode == 1 and "are unreadable" in strict.stderr and "nothing was written" in strict.stderr
+    assert "Traceback" not in strict.stderr
+    assert json.loads(manifest.read_text())["descriptors"] == record
+    plain = _build(probe_project)
+    assert plain.returncode == 0 and "wire breaks against the previous build were not checked" in plain.stderr
+
+
+def test_the_manifest_records_the_descriptors_deterministically_without_source_info(tmp_path: Path) -> None:
+    result = oipgen("build", "--spec", str(SPEC), "--out", "out", "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "out" / "oip" / MANIFEST).read_text())["descriptors"]
+    assert record == json.loads((ROOT / "generated" / "oip" / MANIFEST).read_text())["descriptors"]
+    fds = descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(record))
+    assert [f.name for f in fds.file] == ["model_config.proto", "grpc_service.proto"]
+    assert not any(f.HasField("source_code_info") for f in fds.file)

@@ -20,6 +20,7 @@ import pickle
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -29,10 +30,11 @@ import jsonschema
 import netns
 import pytest
 import yaml
-from conftest import GENERATED, SPEC, oipgen
+from conftest import GENERATED, ROOT, SPEC, oipgen
 from serving import build_repository
 
 from oipgen.output import read_manifest
+from oipgen.render import LINE_BREAKS
 from oipgen.targets import requirements, resolve
 from oipgen.targets.deploy import DeploySettings, defaults, parse_settings, serve_command
 
@@ -54,11 +56,11 @@ def _yaml(name: str) -> dict[str, Any]:
     return document
 
 
-def containerfile() -> list[tuple[str, str]]:
+def containerfile(path: Path = DEPLOY / "Containerfile") -> list[tuple[str, str]]:
     """The Containerfile's instructions: (INSTRUCTION, arguments), continuation lines joined, comments dropped."""
     instructions: list[tuple[str, str]] = []
     pending = ""
-    for line in (DEPLOY / "Containerfile").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         pending += line.rstrip("\\").strip() + " " if line.endswith("\\") else line.strip()
@@ -144,6 +146,169 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path: Path, tab
     result = oipgen("build", cwd=tmp_path)
     assert result.returncode == 2
     assert message in result.stderr and "[tool.oipgen.deploy]" in result.stderr
+    assert not (tmp_path / "generated").exists()
+
+
+def _deploy_table(tmp_path: Path, table: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.oipgen]\nspec = "{SPEC.as_posix()}"\n[tool.oipgen.deploy]\n{table}\n', encoding="utf-8")
+    return oipgen("build", cwd=tmp_path)
+
+
+def test_a_carriage_return_in_base_image_cannot_add_a_containerfile_instruction(tmp_path: Path) -> None:
+    result = _deploy_table(tmp_path, 'base_image = "python:3.11\\rRUN\\ttouch\\t/tmp/x"')
+    assert result.returncode == 2
+    assert "base_image 'python:3.11\\rRUN\\ttouch\\t/tmp/x' holds a line break" in result.stderr
+    assert not (tmp_path / "generated").exists()
+
+
+def test_a_line_separator_in_image_cannot_reparent_the_serving_runtime_fields(tmp_path: Path) -> None:
+    result = _deploy_table(tmp_path, 'image = "acme/server:1\\u2028privileged:"')
+    assert result.returncode == 2
+    assert "image 'acme/server:1\\u2028privileged:' holds a line break" in result.stderr
+    assert not (tmp_path / "generated").exists()
+
+
+STRING_SETTINGS = sorted(key for key, value in defaults("oip").items() if isinstance(value, str))
+STEERING = ["\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\t", "\x00", "\x1b", "\x7f",
+            "\u202e"]
+
+
+@pytest.mark.parametrize("key", STRING_SETTINGS)
+@pytest.mark.parametrize("char", STEERING, ids=[f"U+{ord(c):04X}" for c in STEERING])
+def test_no_string_setting_takes_a_character_that_can_steer_a_line(tmp_path: Path, key: str, char: str) -> None:
+    value = defaults("oip")[key][:3] + char + "x"
+    with pytest.raises(ValueError, match=f"{key} .* holds a line break"):
+        parse_settings({key: value}, "oip")
+
+
+def test_the_command_line_refuses_each_steering_character(tmp_path: Path) -> None:
+    for char in STEERING:
+        result = _deploy_table(tmp_path, f'storage_uri = "s3://a\\u{ord(char):04X}b"')
+        assert result.returncode == 2 and "storage_uri" in result.stderr, (char, result.stderr)
+        assert char not in result.stderr.removesuffix("\n")  # one line: named escaped, never echoed raw
+    assert not (tmp_path / "generated").exists()
+
+
+def test_a_kubernetes_name_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(ValueError, match="is not a Kubernetes name"):
+        parse_settings({"runtime": "oip-runtime\n"}, "oip")
+
+
+@pytest.mark.parametrize("value", ["&anchor", "*alias", "!tag", "-flag", "{a}", "[a]", "|", ">x", "%x", "@x", "`x"])
+def test_a_word_setting_cannot_start_with_a_yaml_indicator(value: str) -> None:
+    with pytest.raises(ValueError, match="starting with a letter or digit"):
+        parse_settings({"image": value}, "oip")
+
+
+def test_line_breaks_are_exactly_what_str_splitlines_splits_on() -> None:
+    splitters = {chr(i) for i in range(0x110000) if len(f"a{chr(i)}b".splitlines()) == 2}
+    assert splitters == LINE_BREAKS
+
+
+def test_the_renderer_refuses_a_line_break_it_does_not_write(tmp_path: Path) -> None:
+    """The renderer writes "\\n" only; output that holds another line break (a value carried it in) is refused,
+    never turned into a new line."""
+    override = tmp_path / "templates" / "deploy"
+    override.mkdir(parents=True)
+    original = (ROOT / "templates" / "deploy" / "Containerfile.jinja").read_text()
+    (override / "Containerfile.jinja").write_text(original + "LABEL x=a\u2028RUN touch /tmp/x\n", encoding="utf-8")
+    result = oipgen("build", "--spec", str(SPEC), "--templates", str(tmp_path / "templates"), "--out", "out",
+                    cwd=tmp_path)
+    assert result.returncode == 2
+    assert "deploy/Containerfile.jinja: the rendered text holds line breaks other than \\n (U+2028)" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- the models' own requirements in the image ------------------------------------------------------------------
+
+SERVER_REQUIREMENTS = requirements(resolve(["server"]))
+
+
+def _installed_by(run: str) -> list[str]:
+    """The words a RUN `python -m pip install ...` passes to pip, as a real shell splits them (printf stands in
+    for pip: nothing is installed, and nothing but printf runs)."""
+    assert run.startswith("python -m pip install "), run
+    done = subprocess.run(["sh", "-c", "printf '%s\\n' " + run.removeprefix("python -m pip install ")],
+                          capture_output=True, text=True, check=True, timeout=30)
+    return done.stdout.splitlines()
+
+
+def _pip_layers(tmp_path: Path, table: str) -> tuple[list[str], str]:
+    result = _deploy_table(tmp_path, table)
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "generated" / "deploy" / "Containerfile"
+    instructions = containerfile(path)
+    runs = [i for i, (word, args) in enumerate(instructions) if word == "RUN" and "pip install" in args]
+    copy = next(i for i, (word, args) in enumerate(instructions) if word == "COPY")
+    assert all(i < copy for i in runs)  # before the package: a change to it reinstalls nothing
+    return [instructions[i][1] for i in runs], path.read_text()
+
+
+def test_the_models_requirements_get_a_layer_of_their_own_after_the_servers(tmp_path: Path) -> None:
+    wanted = ["scikit-learn>=1.4", "torch==2.3.0; python_version < '3.13'", "acme-models[gpu]>=2",
+              "weights @ https://example.com/$(touch${IFS}pwned)/w-1.0.zip#sha256=abc"]
+    toml = ", ".join(json.dumps(r) for r in wanted)
+    (server, models), text = _pip_layers(tmp_path, f"model_requirements = [{toml}]")
+    assert _installed_by(server) == list(SERVER_REQUIREMENTS)
+    # The models' layer: theirs, then the server's again so that pip resolves both; word for word through sh.
+    assert _installed_by(models) == [*wanted, *SERVER_REQUIREMENTS]
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+    assert "They come from [tool.oipgen.deploy] model_requirements; when they change, run `oipgen build`, then" \
+           " build the" in text
+
+
+def test_without_model_requirements_the_containerfile_says_where_they_go(tmp_path: Path) -> None:
+    (server,), text = _pip_layers(tmp_path, 'image = "acme/server:1"')
+    assert _installed_by(server) == list(SERVER_REQUIREMENTS)
+    assert "# The models' own requirements (scikit-learn, torch...) go in [tool.oipgen.deploy] model_requirements" \
+        in text
+
+
+def test_a_requirements_file_is_read_and_its_changes_make_the_output_stale(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "requirements.txt").write_bytes(
+        b"# the models' requirements\r\nscikit-learn>=1.4  # the classifier\r\n\r\nnumpy<2.3\r\n"
+        b"pkg @ https://example.com/p-1.zip#sha256=abc\n")
+    (_, models_layer), text = _pip_layers(tmp_path, 'model_requirements = "models/requirements.txt"')
+    assert _installed_by(models_layer) == ["scikit-learn>=1.4", "numpy<2.3", "pkg @ https://example.com/p-1.zip"
+                                           "#sha256=abc", *SERVER_REQUIREMENTS]
+    assert "They come from models/requirements.txt; when they change, run `oipgen build`" in text
+    assert oipgen("build", "--check", cwd=tmp_path).returncode == 0
+    with (models / "requirements.txt").open("a") as f:
+        f.write("pandas>=2\n")
+    stale = oipgen("build", "--check", cwd=tmp_path)
+    assert stale.returncode == 1 and "+        'pandas>=2' \\" in stale.stderr
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('["numpy\\rRUN touch /tmp/x"]', "model_requirements[0] 'numpy\\rRUN touch /tmp/x' holds a line break"),
+    ('["numpy\\u2028x"]', "holds a line break"),
+    ('["-r /etc/passwd"]', "model_requirements[0] '-r /etc/passwd' is a pip option"),
+    ('["--index-url=http://example.com/simple"]', "is a pip option"),
+    ('["numpy>=1", "not a requirement!"]', "model_requirements[1] 'not a requirement!' is not a requirement"),
+    ('["numpy; os_name == \'nt\' or"]', "is not a requirement (PEP 508)"),
+    ("[1]", "model_requirements[0] must be a string, got 1"),
+    (f'["{"x" * 401}"]', "is longer than 400 characters"),
+    ("[" + ", ".join(['"numpy"'] * 201) + "]", "201 requirements, more than 200"),
+    ('"missing.txt"', "model_requirements: 'missing.txt' is not a file"),
+    ('"models"', "model_requirements: 'models' is not a file"),
+    ('"models/requirements.txt"', "models/requirements.txt:2 'torch\\x0b' holds a line break"),
+    ('"models/big.txt"', "model_requirements: 'models/big.txt' is larger than 65536 bytes"),
+    ('"models/options.txt"', "models/options.txt:1 '--extra-index-url https://example.com' is a pip option"),
+    ("{ a = 1 }", "model_requirements must be a list"),
+])
+def test_hostile_model_requirements_are_refused_before_anything_is_written(tmp_path: Path, value: str,
+                                                                         message: str) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "requirements.txt").write_text("numpy\ntorch\v\n")
+    (models / "big.txt").write_text("numpy\n" * 20_000)
+    (models / "options.txt").write_text("--extra-index-url https://example.com\ntorch\n")
+    result = _deploy_table(tmp_path, f"model_requirements = {value}")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "generated").exists()
 
 

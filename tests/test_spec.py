@@ -188,3 +188,14 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 def test_unsafe_package_name_is_refused(tmp_path: Path) -> None:
     result = oipgen("build", "--package", "my-pkg", "--out", str(tmp_path))
     assert result.returncode == 2 and "not a safe Python package name" in result.stderr
+
+
+@pytest.mark.parametrize("given", ["myspec", "./myspec/", "ABSOLUTE"])
+def test_a_proto_error_names_the_file_under_a_relative_spec_path_once(tmp_path: Path, given: str) -> None:
+    _broken(tmp_path, _proto_syntax_error).rename(tmp_path / "myspec")
+    spec = str(tmp_path / "myspec") if given == "ABSOLUTE" else given
+    result = oipgen("build", "--spec", spec, "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    where = (Path(spec) / "grpc_service.proto").as_posix()
+    assert f"  {where}: line " in result.stderr, result.stderr
+    assert "myspec/myspec" not in result.stderr
