@@ -125,7 +125,11 @@ def _scaffold(args: argparse.Namespace) -> int:
     from .bundled import spec_dir
     from .scaffold import ScaffoldError, datatype_names, scaffold_model
 
-    config, root = _config(Path.cwd())
+    from .scaffold import project_root
+
+    # The project's settings are those of the nearest [tool.oipgen] above the repository (or, without
+    # --repository, above the current folder): a model scaffolded from a sub-folder imports the project's package.
+    config, root = _config(project_root(args.repository or Path.cwd()) or Path.cwd())
     repository = args.repository if args.repository is not None else (
         root / str(config.get("model_repository", "models")))
     spec = spec_dir(args.spec, config.get("spec"), root)
