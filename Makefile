@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SITE ?= site
 
 .PHONY: help build test goldens lint docs dist bench-build bench bench-scale bench-client serve clean
 .DEFAULT_GOAL := help
@@ -54,7 +55,7 @@ serve: build
 
 ## docs: build the documentation site (mkdocs.yml, docs/) into site/ with --strict: a broken link fails
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	$(BIN)/mkdocs build --strict --site-dir $(SITE)
 
 ## dist: build oipgen's wheel into dist/ (install it anywhere: pip install dist/oipgen-*.whl)
 dist: $(STAMP)

@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--package",
                    help="the generated package the module imports, dotted if vendored inside another "
                         "(default: [tool.oipgen] package, else oip)")
-    c.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
+    c.add_argument("--spec", type=Path,
+                   help="spec directory, for its datatype table (default: ./spec if present, else the bundled one)")
     c.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
     sp = sub.add_parser("spec", help="the standard spec bundled with oipgen")
     sp_kinds = sp.add_subparsers(dest="kind", required=True)
@@ -123,9 +124,7 @@ def _spec_export(target: Path) -> int:
 
 def _scaffold(args: argparse.Namespace) -> int:
     from .bundled import spec_dir
-    from .scaffold import ScaffoldError, datatype_names, scaffold_model
-
-    from .scaffold import project_root
+    from .scaffold import ScaffoldError, datatype_names, project_root, scaffold_model
 
     # The project's settings are those of the nearest [tool.oipgen] above the repository (or, without
     # --repository, above the current folder): a model scaffolded from a sub-folder imports the project's package.
@@ -182,12 +181,13 @@ def _report_problems(spec: object, e: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> int:
+    from .bundled import spec_dir
     from .load import load_datatypes
     from .model_client import ClientError, fetch_metadata, model_info, read_metadata, render_client
     from .problems import SpecError
 
     config, root = _config(Path.cwd())
-    spec = args.spec if args.spec is not None else root / str(config.get("spec", "spec"))
+    spec = spec_dir(args.spec, config.get("spec"), root)  # as build and scaffold: the bundled spec by default
     templates = args.templates if args.templates is not None else (
         root / str(config["templates"]) if config.get("templates") else None)
     try:
