@@ -363,3 +363,18 @@ def test_spec_readme_names_no_file_outside_the_repository() -> None:
             if token.startswith(("/", "~", "../")):
                 where = Path(os.path.expanduser(token)) if not token.startswith("../") else readme.parent / token
                 assert not where.exists() or where.resolve().is_relative_to(ROOT), f"{readme}: {token}"
+
+
+def test_generated_distributions_are_installed_by_path() -> None:
+    """A generated distribution is named by its path wherever oipgen tells someone to install it (docs, the
+    distribution's own pyproject.toml, its template, oipgen's messages): pip looks a bare name such as
+    `generated[rest]` up on the package index, and installs whatever is published under it."""
+    sources = [*PAGES, ROOT / "generated" / "pyproject.toml", *sorted((ROOT / "templates").rglob("*.jinja")),
+               *sorted((ROOT / "oipgen").rglob("*.py"))]
+    install = re.compile(r"pip (?:install|wheel)\b[^\n`]*?([\"' ])(?:-e )?([^\"' \n`]+?)\[(?:rest|grpc|server|all)\]")
+    seen = 0
+    for source in sources:
+        for found in install.finditer(source.read_text(encoding="utf-8")):
+            seen += 1
+            assert found.group(2).startswith(("./", "../", "/", "~/")), f"{source}: {found.group(0)}"
+    assert seen >= 6  # the README's, docs/install.md's table, the distribution's comment
