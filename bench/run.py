@@ -8,8 +8,9 @@ stopped (the large-payload scenarios each run on a server started for them, so t
 own); the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures
 are medians over the repeats. With every measurement go the load average, the bytes the server logged, and, where
 the server has the statistics extension, the inferences it says it completed (a check on the load generators'
-counts); with the run, the git commit and the versions of every server and load generator. Outputs (in --out,
-default bench/results): results.json (every raw measurement), results.md (ratios against Triton first, then the
+counts); with the run, the git commit and the versions of every server and load generator. Outputs (in --out;
+default bench/results, and bench/.work/quick for --quick, so that a smoke run never replaces the committed
+figures): results.json (every raw measurement), results.md (ratios against Triton first, then the
 full table, memory, perf_analyzer, the targets), bench.png (throughput, latency and CPU per scenario).
 
     python bench/run.py [--quick] [--servers oipgen,triton,mlserver,kserve] [--repeats 3] [--duration 10]
@@ -326,7 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="skip our server with metrics and tracing off, and with tracing on (the cost of each)")
     p.add_argument("--no-setup", dest="setup", action="store_false", help="do not run bench/setup.sh first")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("BENCH_CACHE", BENCH / ".cache")))
-    p.add_argument("--out", type=Path, default=BENCH / "results")
+    p.add_argument("--out", type=Path,
+                   help="the report's folder (default: bench/results; bench/.work/quick with --quick)")
     p.add_argument(
         "--wait-quiet",
         type=float,
@@ -337,6 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--wait-max", type=float, default=900.0)
     args = p.parse_args(argv)
     quick = args.quick
+    if args.out is None:  # a smoke run's figures are scratch: only a full run replaces the committed report
+        args.out = BENCH / (".work/quick" if quick else "results")
     args.repeats = args.repeats or (1 if quick else 3)
     args.duration = args.duration or (1.0 if quick else 10.0)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 2.0)

@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--package",
                    help="the generated package the module imports, dotted if vendored inside another "
                         "(default: [tool.oipgen] package, else oip)")
-    c.add_argument("--spec", type=Path, help="spec directory, for its datatype table (default: spec)")
+    c.add_argument("--spec", type=Path,
+                   help="spec directory, for its datatype table (default: ./spec if present, else the bundled one)")
     c.add_argument("--templates", type=Path, help="directory of templates overriding the built-in ones by file name")
     sp = sub.add_parser("spec", help="the standard spec bundled with oipgen")
     sp_kinds = sp.add_subparsers(dest="kind", required=True)
@@ -134,9 +135,11 @@ def _spec_export(target: Path) -> int:
 
 def _scaffold(args: argparse.Namespace) -> int:
     from .bundled import spec_dir
-    from .scaffold import ScaffoldError, datatype_names, scaffold_model
+    from .scaffold import ScaffoldError, datatype_names, project_root, scaffold_model
 
-    config, root = _config(Path.cwd())
+    # The project's settings are those of the nearest [tool.oipgen] above the repository (or, without
+    # --repository, above the current folder): a model scaffolded from a sub-folder imports the project's package.
+    config, root = _config(project_root(args.repository or Path.cwd()) or Path.cwd())
     repository = args.repository if args.repository is not None else (
         root / str(config.get("model_repository", "models")))
     spec = spec_dir(args.spec, config.get("spec"), root)
@@ -189,12 +192,13 @@ def _report_problems(spec: object, e: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> int:
+    from .bundled import spec_dir
     from .load import load_datatypes
     from .model_client import FETCH_DEADLINE, ClientError, fetch_metadata, one_line, read_metadata, render_client
     from .problems import SpecError
 
     config, root = _config(Path.cwd())
-    spec = args.spec if args.spec is not None else root / str(config.get("spec", "spec"))
+    spec = spec_dir(args.spec, config.get("spec"), root)  # as build and scaffold: the bundled spec by default
     templates = args.templates if args.templates is not None else (
         root / str(config["templates"]) if config.get("templates") else None)
     try:

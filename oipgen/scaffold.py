@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,19 @@ def class_name(model_name: str) -> str:
     if not is_safe_identifier(name):
         raise ScaffoldError(f"cannot derive a Python class name from the model name {model_name!r}")
     return name
+
+
+def project_root(start: Path) -> Path | None:
+    """The folder of the nearest `pyproject.toml` with a `[tool.oipgen]` table, from `start` (a folder, which need
+    not exist yet) up: the project a model folder there belongs to, whose configured package it must import."""
+    for folder in (start.absolute(), *start.absolute().parents):
+        try:
+            data = tomllib.loads((folder / "pyproject.toml").read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(data.get("tool", {}).get("oipgen"), dict):
+            return folder
+    return None
 
 
 def render_toml(model_name: str, cls: str, package: str) -> str:

@@ -356,10 +356,12 @@ def test_against_a_git_revision(tmp_path: Path) -> None:
     assert absent.returncode == 2 and "has no other/ folder" in absent.stderr
 
 
-def test_readme_documents_the_command() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "oipgen breaking --against origin/main" in readme
-    assert "id: oipgen-breaking" in readme
+def test_the_docs_document_the_command() -> None:
+    """The CI and pre-commit recipes (docs/install.md; tests/test_recipes.py runs them) and the command line page."""
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert "oipgen breaking --against origin/main" in install
+    assert "id: oipgen-breaking" in install
+    assert "`oipgen breaking` compares the spec" in (ROOT / "docs" / "cli.md").read_text()
 
 
 # -- the build warns of wire breaks against its previous output -----------------------------------------------------

@@ -55,7 +55,7 @@ def floor(name: str) -> str:
 
 
 def extra(name: str) -> list[str]:
-    """What `pip install "generated[name]"` asks for: the base requirements and the extra's."""
+    """What `pip install "./generated[name]"` asks for: the base requirements and the extra's."""
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     return sorted({*project["dependencies"], *project["optional-dependencies"][name]})
 
@@ -86,7 +86,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def venv_specs(source: Path) -> dict[str, tuple[list[str], list[str] | None]]:
     """Every venv of this module: name -> (its requirements, the key; what pip installs, if not those). The
-    parts' venvs are built by `pip install "generated[PART]"`."""
+    parts' venvs are built by `pip install "./generated[PART]"` (by path)."""
     floors = [f"protobuf=={floor('protobuf')}", f"grpcio=={floor('grpcio')}"]
     ours = sorted({*extra("rest"), *extra("grpc")})
     return {

@@ -69,6 +69,30 @@ def test_default_tensors_and_the_configured_package(tmp_path: Path) -> None:
     assert lint.returncode == 0, lint.stdout
 
 
+def test_the_package_of_the_project_the_model_belongs_to(tmp_path: Path) -> None:
+    """The nearest [tool.oipgen] above the repository (or the current folder) names the package the scaffolded model
+    imports, from a sub-folder of the project or from outside it; --package overrides it."""
+    project = tmp_path / "acme"
+    (project / "src").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[project]\nname = "acme"\n\n[tool.oipgen]\npackage = "acme_oip"\n'
+                                            'spec = "%s"\n' % (ROOT / "spec"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def imports(model: str) -> list[str]:
+        return [line for line in (project / "models" / model / "model.py").read_text().splitlines()
+                if line.startswith("from ") and ".server import" in line]
+
+    assert oipgen("scaffold", "model", "a", cwd=project / "src").returncode == 0  # into the project's models/
+    assert imports("a") == ["from acme_oip.server import Model, TensorSpec"]
+    assert oipgen("scaffold", "model", "b", "--repository", str(project / "models"), cwd=elsewhere).returncode == 0
+    assert imports("b") == ["from acme_oip.server import Model, TensorSpec"]
+    assert oipgen("scaffold", "model", "c", "--package", "other_oip", cwd=project / "src").returncode == 0
+    assert imports("c") == ["from other_oip.server import Model, TensorSpec"]
+    assert "python -m acme_oip serve" in (project / "models" / "a" / "model.toml").read_text()
+    assert not (elsewhere / "models").exists() and not (project / "src" / "models").exists()
+
+
 def test_rerunning_refuses_to_overwrite(tmp_path: Path) -> None:
     assert oipgen("scaffold", "model", "m", "--repository", str(tmp_path)).returncode == 0
     model_py = tmp_path / "m" / "model.py"

@@ -1,5 +1,6 @@
 """Target `dist`: `pyproject.toml` beside the package, in the output folder, so the output folder is a
-distribution: `pip install "generated[rest]"`, or a wheel built from it (hatchling, reproducible).
+distribution: `pip install "./generated[rest]"` (by its path: a bare name is looked up on the package
+index), or a wheel built from it (hatchling, reproducible).
 
 Its extras are the package's parts (REQUIREMENTS): `rest`, `grpc`, `server` (those built) and `all`; the base
 requirements are the core's. Name and version come from `[tool.oipgen] dist_name` and `dist_version`, by default
