@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: build test goldens lint bench-build bench bench-scale bench-client serve clean
+.PHONY: build test goldens lint bench-build bench bench-scale bench-client serve conformance-matrix clean
 
 # oipgen with its dev tools, and every part's run-time requirements from their one source (REQUIREMENTS in
 # oipgen/targets/__init__.py), so the suite can run the generated package here.
@@ -62,6 +62,14 @@ bench: $(STAMP)
 ##   writes bench/results/scale.{md,json,png}
 bench-scale: $(STAMP)
 	$(BIN)/python bench/scale.py $(BENCH_ARGS)
+
+## conformance-matrix: both layers of `python -m oip.conformance` against Triton 2.51, MLServer 1.7.1, KServe 0.21.0
+##   and ours, each serving the example models in its own native form (the peers set up under bench/.cache by
+##   bench/setup.sh); writes docs/conformance-matrix.{md,json,png} (CONFORMANCE_ARGS="--servers oipgen,triton")
+conformance-matrix: build
+	BENCH_SETUP_ONLY=peers bash bench/setup.sh
+	BENCH_SETUP_ONLY=triton bash bench/setup.sh
+	$(BIN)/python bench/conformance_matrix.py $(CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

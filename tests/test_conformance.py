@@ -430,3 +430,101 @@ def test_unreachable_transports_fail_and_absent_ones_are_not_applicable() -> Non
     assert conformance.summary(results) == "0 passed, 1 failed, 1 not applicable"
     only_grpc = conformance.run(url=None, grpc="127.0.0.1:9", only=["infer_simple_raw"], transports=("rest",))
     assert only_grpc == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The matrix harness (make conformance-matrix): its native repositories, its page, and a run against our server
+
+BENCH = ROOT / "bench"
+
+
+def _bench(name: str) -> Any:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return __import__(name)
+
+
+def test_native_repositories_declare_what_models_yaml_declares(tmp_path: Path) -> None:
+    from google.protobuf import text_format
+    from oip import datatypes
+    from oip.grpc import model_config_pb2
+
+    native = _bench("conformance_native")
+    types = {d.name: d.model_config for d in datatypes.DATATYPES}
+    by_name = {m["name"]: m for m in conformance.MODELS}
+    written = native.write("triton", conformance.MODELS, tmp_path / "triton", types)
+    assert written == list(by_name)
+    for name in written:  # every config parses as Triton's ModelConfig and says what models.yaml says
+        config = text_format.Parse((tmp_path / "triton" / name / "config.pbtxt").read_text(),
+                                   model_config_pb2.ModelConfig())
+        entry = by_name[name]
+        assert (config.name, config.backend, config.max_batch_size) == (name, "python", 0)
+        for declared, tensors in ((entry["inputs"], config.input), (entry["outputs"], config.output)):
+            assert [(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims)) for t in tensors] == [
+                (t["name"], types[t["datatype"]], t["shape"]) for t in declared]
+        assert config.parameters["behaviour"].string_value == entry["behaviour"]
+        assert config.model_transaction_policy.decoupled == bool(entry.get("decoupled"))
+        assert (tmp_path / "triton" / name / "1" / "model.py").is_file()
+    mlserver = native.write("mlserver", conformance.MODELS, tmp_path / "mlserver", types)
+    assert set(by_name) - set(mlserver) == {"identity_bf16"}
+    settings = json.loads((tmp_path / "mlserver" / "simple" / "model-settings.json").read_text())
+    assert (settings["inputs"], settings["parameters"]) == (
+        by_name["simple"]["inputs"], {"version": "1", "extra": {"behaviour": "add_sub"}})
+    kserve = native.write("kserve", conformance.MODELS, tmp_path / "kserve", types)
+    assert set(by_name) - set(kserve) == {"identity_bf16", "text_stream"}
+    assert [m["name"] for m in json.loads((tmp_path / "kserve" / "models.json").read_text())] == kserve
+    assert set(native.CANNOT["mlserver"]) | set(native.CANNOT["kserve"]) == {"identity_bf16", "text_stream"}
+
+
+def _document(failing: dict[str, Any]) -> dict[str, Any]:
+    """A matrix document with our server passing and a peer failing as `failing` says."""
+    matrix = _bench("conformance_matrix")
+    catalogue = matrix.catalogue()
+    ok = [{"case": "server_live", "transport": t, "outcome": "pass"} for t in ("rest", "grpc")]
+    ok += [{"case": "infer.wrong_datatype", "transport": t, "outcome": "pass", "model": m}
+           for t in ("rest", "grpc") for m in ("simple", "identity_fp32")]
+    peer = [dict(r) for r in ok]
+    peer[0] = {**peer[0], **failing}
+    peer[2] = {**peer[2], "outcome": "fail", "detail": "status 200, expected 400", "expected": "400 with ...",
+               "got": '200 {"outputs": []}'}
+    record = {"cannot": {}, "error": "", "metadata": {"version": "1"}}
+    return {"commit": "abc", "date": "2026-01-01", "catalogue": catalogue, "servers": {
+        "oipgen": {**record, "label": "oipgen", "results": ok},
+        "peer": {**record, "label": "Peer 1.0", "cannot": {"identity_bf16": "no BF16"}, "results": peer}}}
+
+
+def test_the_matrix_page_cites_the_rule_and_the_answer_of_each_failure() -> None:
+    table = _bench("conformance_table")
+    document = table.annotate(_document({"outcome": "fail", "detail": "the body is not JSON", "expected": "200 {}",
+                                         "got": "200 (empty body)"}))
+    page = table.markdown(document)
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| `")}
+    assert rows["| `server_live`"].endswith("| 4 | pass | **FAIL** (REST) |")  # choice 4; gRPC passed
+    assert rows["| `infer.wrong_datatype`"].endswith("| 14 | pass | **FAIL** (REST, 1/2 models) |")
+    evidence = page.split("## What Peer 1.0 answered where it failed")[1]
+    rule = conformance.CASES[[c.name for c in conformance.CASES].index("server_live")].source
+    assert "- **server_live** (REST) · choice 4" in evidence and rule in evidence
+    assert "Peer 1.0 answered (REST): `200 (empty body)`" in evidence
+    assert "- **infer.wrong_datatype** (REST; 1 models: simple) · choice 14" in evidence
+    assert "spec/README.md, choice 14" in evidence and '`200 {"outputs": []}`' in evidence
+    assert "`identity_bf16`: no BF16" in page
+    assert "| Peer 1.0 | 1 | 1 passed, 1 failed, 0 n/a | 3 passed, 1 failed, 0 n/a |" in page
+    assert page.split("## What oipgen answered where it failed")[1].split("##")[0].strip() == "No failure."
+
+
+def test_the_matrix_harness_runs_against_our_server(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [PYTHON, str(BENCH / "conformance_matrix.py"), "--servers", "oipgen", "--out", str(tmp_path / "out"),
+         "--work", str(tmp_path / "work"), "--only", "server_*", "health.*", "infer.id", "--timeout", "10"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads((tmp_path / "out" / "conformance-matrix.json").read_text())
+    ours = document["servers"]["oipgen"]
+    assert ours["error"] == "" and len(ours["served"]) == len(conformance.MODELS)
+    outcomes = {(r["case"], r.get("model", ""), r["transport"]): r["outcome"] for r in ours["results"]}
+    assert outcomes[("server_live", "", "rest")] == "pass" and outcomes[("infer.id", "mymodel", "grpc")] == "pass"
+    assert "fail" not in outcomes.values() and len(outcomes) > 60
+    page = (tmp_path / "out" / "conformance-matrix.md").read_text()
+    assert "| `server_metadata` | golden | OIP: Server Metadata | 6 | pass |" in page
+    assert (tmp_path / "out" / "conformance-matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

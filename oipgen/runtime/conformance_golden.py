@@ -38,7 +38,7 @@ from .conformance_results import (
     show,
 )
 
-__all__ = ["Case", "needed_models", "read_cases", "run_golden", "section_of", "served_models"]
+__all__ = ["Case", "listed_extensions", "needed_models", "read_cases", "run_golden", "section_of", "served_models"]
 
 # The sections of the core protocol's RPCs; an extension's RPCs are in the extension's section.
 _CORE_SECTIONS = {
@@ -106,6 +106,23 @@ def needed_models(case: Case, models: Iterable[str]) -> list[str]:
         found.update(part for part in str(form.get("path", "")).split("/") if part in names)
         found.update(s for s in _strings({k: v for k, v in form.items() if k != "path"}) if s in names)
     return sorted(found)
+
+
+def listed_extensions(target: Target) -> list[str] | None:
+    """The extensions the server lists in its metadata (None: its metadata could not be read)."""
+    data: Any = None
+    if target.http is not None and "server_metadata" in target.routes:
+        route = target.routes["server_metadata"]
+        answer = target.request(route.method, route.path)
+        try:
+            data = answer.json() if answer.status == 200 else None
+        except ValueError:
+            data = None
+    elif target.stub is not None:
+        answer = target.call("ServerMetadata", {})
+        data = print_message(answer.message) if answer.status == "OK" and answer.message is not None else None
+    listed = data.get("extensions") if isinstance(data, dict) else None
+    return [e for e in listed if isinstance(e, str)] if isinstance(listed, list) else None
 
 
 def served_models(target: Target, names: Iterable[str]) -> dict[str, bool]:
@@ -180,6 +197,8 @@ def _expected_rest(spec: dict[str, Any]) -> str:
         return f"{spec['status']} with the events {show(spec['events'], 200)}"
     if "response" not in spec:
         return f"{spec['status']} with an empty body"
+    if spec["response"] == {"error": True}:
+        return f"{spec['status']} with {{\"error\": \"<message>\"}}"
     return f"{spec['status']} {show(spec['response'], 200)}"
 
 
@@ -262,21 +281,28 @@ def run_golden(
     target: Target, cases: Sequence[Case], models: Iterable[str], transports: Sequence[str] = TRANSPORTS
 ) -> list[Result]:
     """Replay `cases` over the transports named (REST before gRPC, in case order). A transport without an address
-    is NOT APPLICABLE, and so is a case that needs an example model the server does not serve."""
+    is NOT APPLICABLE, and so is a case of an extension the server does not list (when it lists any at all) and a
+    case that needs an example model the server does not serve."""
     names = list(models)
     needs = {case.name: needed_models(case, names) for case in cases}
     wanted = sorted({m for ms in needs.values() for m in ms})
     served = served_models(target, wanted) if (target.http or target.stub) else {}
+    listed = listed_extensions(target) if (target.http or target.stub) and cases else None
+    owners = {route.rpc: route.extension for route in target.routes.values()}
     results: list[Result] = []
     for case in cases:
         section = section_of(case.operation, target.routes)
         missing = [m for m in needs[case.name] if not served.get(m, False)]
+        extension = owners.get(case.operation)
         for transport in case.transports():
             if transport not in transports:
                 continue
             if not target.has(transport):
                 flag = "--url" if transport == "rest" else "--grpc"
                 why = f"no {'REST' if transport == 'rest' else 'gRPC'} address given ({flag})"
+                results.append(Result(case.name, transport, NOT_APPLICABLE, why, section=section))
+            elif extension and listed is not None and extension not in listed:
+                why = f"the server does not list the {extension} extension"
                 results.append(Result(case.name, transport, NOT_APPLICABLE, why, section=section))
             elif missing:
                 why = f"needs model {', '.join(missing)}, which the server does not serve"

@@ -8,6 +8,7 @@ refused; the statistics extension counts what was sent; the classification exten
 from __future__ import annotations
 
 import re
+import time
 from functools import partial
 from typing import Any
 
@@ -242,13 +243,28 @@ def _successes(ctx: Context, transport: str, model: Model) -> tuple[int | None, 
     return total, answer
 
 
+def _settled(ctx: Context, transport: str, model: Model, want: int | None = None,
+             wait: float = 1.0) -> tuple[int | None, Answer]:
+    """The success count once it is `want` (or, without `want`, once two reads 50 ms apart agree), read for at most
+    `wait` seconds: a server may count a request only after it has answered it (Triton does)."""
+    deadline = time.monotonic() + wait
+    count, answer = _successes(ctx, transport, model)
+    while count is not None and count != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        again, answer = _successes(ctx, transport, model)
+        if want is None and again == count:
+            break
+        count = again
+    return count, answer
+
+
 @check("infer.statistics", "statistics", "Triton's statistics extension (listed as `statistics`): a model's "
        "inference_stats.success.count is the number of its successful inference requests, so it grows by exactly "
        "the number answered", per_model=True, extension="statistics")
 def _statistics_count(ctx: Context, transport: str, model: Model | None) -> Verdict:
     model, request = derived_request(model)
     sent = 2
-    before, answer = _successes(ctx, transport, model)
+    before, answer = _settled(ctx, transport, model)
     verdict = Verdict(f"success.count {sent} higher after {sent} answered requests", answer)
     if before is None:
         verdict.problems.append("the model's statistics could not be read")
@@ -257,7 +273,7 @@ def _statistics_count(ctx: Context, transport: str, model: Model | None) -> Verd
     for _ in range(sent):
         _, decoded = send(ctx, transport, model, request)
         answered_ok += decoded is not None
-    after, answer = _successes(ctx, transport, model)
+    after, answer = _settled(ctx, transport, model, before + answered_ok)
     verdict.answer = answer
     if answered_ok != sent:
         verdict.problems.append(f"only {answered_ok} of {sent} valid requests were answered (see infer.valid)")

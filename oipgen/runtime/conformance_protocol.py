@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from . import datatypes
-from .conformance_golden import served_models
+from .conformance_golden import listed_extensions, served_models
 from .conformance_results import NOT_APPLICABLE, TRANSPORTS, Answer, Result, Target, print_message
 from .conformance_tensors import TensorMeta
 
@@ -206,18 +206,7 @@ def _index(ctx: Context) -> list[str]:
 
 def discover(target: Target, models: Sequence[str] | None, examples: Iterable[str]) -> Context:
     """Ask the server for its metadata and its models (see the module's docstring)."""
-    ctx = Context(target)
-    try:
-        if target.http is not None:
-            answer = ctx.rest("server_metadata")
-            data = answer.json() if answer.status == 200 else None
-        else:
-            data = _metadata_json(target.call("ServerMetadata", {}))
-        listed = data.get("extensions") if isinstance(data, dict) else None
-        if isinstance(listed, list):
-            ctx.extensions = [e for e in listed if isinstance(e, str)]
-    except (ValueError, NotApplicable):
-        pass
+    ctx = Context(target, listed_extensions(target))
     if models:
         names, ctx.models_from = list(models), "the models named with --model"
     elif ctx.listed("model_repository"):
