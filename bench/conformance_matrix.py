@@ -9,7 +9,8 @@ Each server is started alone (bench/servers.py: loopback, free ports, its own pr
 of both layers (the protocol layer over exactly the models it serves), and stopped. Triton runs with explicit model
 control (`--model-control-mode=explicit --load-model=*`): in its default mode it lists `model_repository` but
 refuses every load and unload. A server that is not set up (bash bench/setup.sh) is reported as not run. Writes
---out/conformance-matrix.json (every result), conformance-matrix.md and conformance-matrix.png.
+--out/conformance-matrix.json (every result; for each case that failed, what the server answered the first time),
+conformance-matrix.md and conformance-matrix.png.
 """
 
 from __future__ import annotations
@@ -67,19 +68,23 @@ def run_server(name: str, cache: Path, work: Path, only: list[str] | None, timeo
         record["error"] = str(exc)
         return record
     record["seconds"] = round(time.monotonic() - begin, 1)
-    record["results"] = [_compact(r) for r in results]
+    seen: set[tuple[str, str]] = set()
+    record["results"] = [_compact(r, seen) for r in results]
     return record
 
 
-def _compact(result: conformance.Result) -> dict[str, Any]:
-    """A result without what the report does not need or can derive (its layer and section are its case's)."""
-    out = {"case": result.case, "transport": result.transport, "outcome": result.outcome}
+def _compact(result: conformance.Result, seen: set[tuple[str, str]]) -> dict[str, Any]:
+    """A result without what the report does not need or can derive (its layer and section are its case's); a
+    failure with the difference, what was expected and what came the first time its case failed over its transport
+    (the other models' failures of that case: the outcome only)."""
+    out: dict[str, Any] = {"case": result.case, "transport": result.transport, "outcome": result.outcome}
     if result.model:
         out["model"] = result.model
-    if not result.passed:
+    if result.not_applicable:
         out["detail"] = result.detail
-    if result.failed:
-        out.update(expected=result.expected, got=result.got)
+    elif result.failed and (result.case, result.transport) not in seen:
+        seen.add((result.case, result.transport))
+        out.update(detail=result.detail, expected=result.expected, got=result.got)
     return out
 
 

@@ -119,7 +119,7 @@ def failures(document: dict[str, Any], name: str) -> list[str]:
         failed = [r for r in grouped.get((layer, case), []) if r["outcome"] == "fail"]
         if not failed:
             continue
-        first = failed[0]
+        first = next((r for r in failed if "got" in r), failed[0])
         forms = ", ".join(TRANSPORT_NAMES[t] for t in sorted({r["transport"] for r in failed}))
         models = sorted({r["model"] for r in failed if r["model"]})
         scope = f"{forms}; {len(models)} models: {', '.join(models)}" if models else forms
@@ -148,8 +148,7 @@ def markdown(document: dict[str, Any]) -> str:
         f"`make conformance-matrix` at commit {document['commit']} ({document['date']}): both layers of "
         "`python -m oip.conformance` against each server, each serving the example models of "
         "`spec/examples/models.yaml` in its own native form (`bench/conformance_native.py`). How the suite judges "
-        "and what each case checks: [conformance.md](conformance.md). Every result, with the answers: "
-        "`conformance-matrix.json`.",
+        "and what each case checks: [conformance.md](conformance.md). Every result: `conformance-matrix.json`.",
         "",
         "![conformance matrix](conformance-matrix.png)",
         "",

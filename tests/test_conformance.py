@@ -528,3 +528,11 @@ def test_the_matrix_harness_runs_against_our_server(tmp_path: Path) -> None:
     page = (tmp_path / "out" / "conformance-matrix.md").read_text()
     assert "| `server_metadata` | golden | OIP: Server Metadata | 6 | pass |" in page
     assert (tmp_path / "out" / "conformance-matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_docs_name_every_protocol_case() -> None:
+    from oip.conformance_protocol import CHECKS
+
+    page = (ROOT / "docs" / "conformance.md").read_text()
+    missing = [name for name in CHECKS if f"`{name}`" not in page]
+    assert not missing, f"docs/conformance.md does not describe {missing}"

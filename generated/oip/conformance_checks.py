@@ -283,11 +283,13 @@ def _unknown_version(ctx: Context, transport: str, model: Model | None, *, kind:
     return _unknown(ctx, transport, kind, served.name, str(version))
 
 
-for _kind, _words in (("ready", "Model Ready"), ("metadata", "Model Metadata"), ("infer", "Inference")):
+_KINDS = (("ready", "Model Ready"), ("metadata", "Model Metadata"), ("infer", "Inference"))
+for _kind, _words in _KINDS:
     check(f"errors.unknown_model_{_kind}", "errors", f"OIP, {_words} JSON Error Object: a failed request is an HTTP "
           'error status with {"error": "<message>"}; spec/README.md, choice 14: "404 for an unknown model" '
           "(gRPC NOT_FOUND)", choice=14)(
         partial(_unknown_model, kind=_kind))
+for _kind, _words in _KINDS:
     check(f"errors.unknown_version_{_kind}", "errors", f"OIP, {_words}: the version is optional in the URL; "
           'spec/README.md, choice 15: "a version the model does not have, numeric or not, is 404 / NOT_FOUND", '
           'with {"error": "<message>"}', choice=15)(

@@ -250,6 +250,11 @@ class Answer:
             text = self.error
         elif isinstance(self.status, int):
             body = self.body.decode("utf-8", "replace")
+            header = self.headers.get("inference-header-content-length", "")
+            if header.isdigit() and 0 < int(header) <= len(self.body):  # JSON, then binary tensor data
+                cut = int(header)
+                body = self.body[:cut].decode("utf-8", "replace") + f" (+{len(self.body) - cut} bytes of binary data)"
+            body = "".join(c if c.isprintable() or c.isspace() else f"\\x{ord(c):02x}" for c in body)
             kind = self.headers.get("content-type", "")
             text = f"{self.status} {body}" if body else f"{self.status} (empty body)"
             if body and kind and not kind.startswith("application/json"):

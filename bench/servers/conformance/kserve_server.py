@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+from kserve.utils.numpy_codec import from_np_dtype
 
 
 class Example(Model):
@@ -34,8 +35,8 @@ class Example(Model):
                 arrays = [arrays[0] + arrays[1], arrays[0] - arrays[1]]
         binary = bool(not payload.from_grpc and payload.use_binary_outputs)
         outputs = []
-        for tensor, array, given in zip(self.entry["outputs"], arrays, payload.inputs, strict=False):
-            output = InferOutput(name=tensor["name"], shape=list(array.shape), datatype=given.datatype)
+        for tensor, array in zip(self.entry["outputs"], arrays, strict=False):  # mymodel: more inputs than outputs
+            output = InferOutput(name=tensor["name"], shape=list(array.shape), datatype=from_np_dtype(array.dtype))
             output.set_data_from_numpy(array, binary_data=binary or payload.from_grpc)
             outputs.append(output)
         kwargs = {"use_binary_outputs": True} if binary else {}
