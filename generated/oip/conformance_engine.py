@@ -179,8 +179,10 @@ class Suite:
             print(result.line())
             if verbose:
                 rule = summaries.get(result.case) or (CHECKS[result.case].rule if result.case in CHECKS else "")
-                print(f"     {rule}" + (f" [spec/README.md, choice {result.choice}: {CHOICES.get(result.choice, '')}]"
-                                        if result.choice else ""))
+                choice = ""
+                if result.choice is not None:
+                    choice = f" [spec/README.md, choice {result.choice}: {CHOICES.get(result.choice, '')}]"
+                print(f"     {SECTIONS.get(result.section, result.section)}: {rule}{choice}")
                 if result.response:
                     answer = result.response if len(result.response) <= 2000 else result.response[:1997] + "..."
                     print(f"     answer: {answer}")
