@@ -540,3 +540,55 @@ def test_the_docs_name_every_protocol_case() -> None:
     page = (ROOT / "docs" / "conformance.md").read_text()
     missing = [name for name in CHECKS if f"`{name}`" not in page]
     assert not missing, f"docs/conformance.md does not describe {missing}"
+
+
+class _Odd(BaseHTTPRequestHandler):
+    """A REST server whose answers have every shape but the protocol's."""
+
+    answers = {
+        "/v2": {"name": "odd", "version": 7, "extensions": ["statistics", "model_repository", 3]},
+        "/v2/repository/index": [{"name": "m", "state": "READY"}, "junk"],
+        "/v2/models/m": {"name": "m", "versions": None, "platform": "x",
+                         "inputs": [{"name": "x", "datatype": "INT32", "shape": [-1]}],
+                         "outputs": [{"name": "y", "datatype": "INT32", "shape": [-1]}]},
+        "/v2/models/m/stats": {"model_stats": [{"name": "m", "inference_stats": {"success": {"count": "many"}}}]},
+        "/v2/models/m/infer": {"outputs": [{"name": 1, "shape": "wide"}, "junk"], "id": 5},
+    }
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        body = json.dumps(self.answers.get(self.path.split("?")[0], None)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_server_of_odd_answers_fails_cases_but_never_the_run() -> None:
+    odd = ThreadingHTTPServer(("127.0.0.1", 0), _Odd)
+    thread = threading.Thread(target=odd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = _cli(f"http://127.0.0.1:{odd.server_address[1]}", "127.0.0.1:9", "--rest-only", "--format", "json")
+    finally:
+        odd.shutdown()
+        odd.server_close()
+        thread.join(timeout=10)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    outcomes = {(r["case"], r["model"]): (r["outcome"], r["detail"]) for r in json.loads(result.stdout)["results"]}
+    assert outcomes[("metadata.server", "")] == ("fail", "`version` is 7, not a string; `extensions` is [\"statistics\""
+                                                         ", \"model_repository\", 3], not an array of strings")
+    assert outcomes[("metadata.model", "m")] == ("fail", "`versions` is null, not an array of strings")
+    assert outcomes[("infer.valid", "m")] == ("fail", "output '1': shape 'wide' is not a list of integers; an output "
+                                                      "is not an object: 'junk'; model_name is '', expected 'm'; the "
+                                                      "outputs are [1], expected ['y']")
+    assert outcomes[("infer.statistics", "m")] == (
+        "fail", "the answer could not be read: ValueError(\"invalid literal for int() with base 10: 'many'\")")
+    assert outcomes[("health.server_live", "")][0] == "pass"  # a 200 is live, whatever the body

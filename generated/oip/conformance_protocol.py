@@ -243,6 +243,8 @@ def _result(check: Check, transport: str, model: Model | None, ctx: Context) -> 
         verdict = check.run(ctx, transport, model)
     except NotApplicable as exc:
         return Result(check.id, transport, NOT_APPLICABLE, str(exc), **base)
+    except Exception as exc:  # an answer of a shape no check foresaw: that case fails, the run goes on
+        return Result(check.id, transport, "fail", f"the answer could not be read: {exc!r}", **base)
     shown = verdict.answer.text(2000) if verdict.answer is not None else ""
     if not verdict.problems:
         return Result(check.id, transport, "pass", response=shown, expected=verdict.expected, **base)
