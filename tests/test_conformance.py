@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from xml.etree import ElementTree
 
 import grpc
@@ -545,7 +545,7 @@ def test_the_docs_name_every_protocol_case() -> None:
 class _Odd(BaseHTTPRequestHandler):
     """A REST server whose answers have every shape but the protocol's."""
 
-    answers = {
+    answers: ClassVar[dict[str, Any]] = {
         "/v2": {"name": "odd", "version": 7, "extensions": ["statistics", "model_repository", 3]},
         "/v2/repository/index": [{"name": "m", "state": "READY"}, "junk"],
         "/v2/models/m": {"name": "m", "versions": None, "platform": "x",
