@@ -122,6 +122,16 @@ def test_protocol_layer_as_json(server: Server) -> None:
     assert "REST JSON, REST binary, gRPC" in by_case[("infer.transports_agree", "simple", "all")]["expected"]
 
 
+def test_protocol_layer_over_grpc_alone(server: Server) -> None:
+    """Without a REST address, the models' metadata comes over gRPC (where int64 shapes print as strings)."""
+    results = conformance.run(grpc=server.target, layers=("protocol",), models=["mymodel", "identity_fp16"])
+    assert results and {r.transport for r in results} <= {"grpc", "rest", "all"}
+    assert not [r.line() for r in results if r.failed]
+    assert {(r.case, r.model) for r in results if r.passed} >= {("infer.valid", "mymodel"),
+                                                                 ("infer.wrong_shape", "identity_fp16")}
+    assert all(r.not_applicable and "--url" in r.detail for r in results if r.transport == "rest")
+
+
 @pytest.mark.parametrize("name", [case.name for case in conformance.CASES])
 def test_case(server: Server, name: str) -> None:
     results = conformance.run(url=server.url, grpc=server.target, only=[name], layers=("golden",))

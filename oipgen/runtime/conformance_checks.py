@@ -66,7 +66,8 @@ def json_body(answer: Answer) -> Any:
 
 
 def grpc_json(answer: Answer) -> Any:
-    return print_message(answer.message, defaults=True) if answer.status == "OK" and answer.message else None
+    ok = answer.status == "OK" and answer.message is not None
+    return print_message(answer.message, defaults=True) if ok and answer.message is not None else None
 
 
 def derived_request(model: Model | None) -> tuple[Model, Request]:
@@ -101,8 +102,9 @@ def send(
     return answer, decode_grpc(answer.message) if answer.status == "OK" and answer.message is not None else None
 
 
-def answered(model: Model, transport: str, answer: Answer, decoded: Decoded | None,
-              requested: tuple[str, ...] = ()) -> list[str]:
+def answered(
+    model: Model, transport: str, answer: Answer, decoded: Decoded | None, requested: tuple[str, ...] = ()
+) -> list[str]:
     """What is wrong with the answer to a valid request: outputs of the declared names, datatypes and shapes."""
     problems = status_problems(answer, 200) if transport == "rest" else code_problems(answer, "OK")
     if problems or decoded is None:
@@ -113,7 +115,7 @@ def answered(model: Model, transport: str, answer: Answer, decoded: Decoded | No
     declared = {o.name: o for o in model.outputs}
     want = list(requested) or list(declared)
     got = [name for name, *_ in decoded.outputs]
-    if sorted(got) != sorted(want):
+    if sorted(map(str, got)) != sorted(want):
         problems.append(f"the outputs are {got}, expected {want}")
     for name, datatype, shape, _ in decoded.outputs:
         meta = declared.get(name)

@@ -150,6 +150,8 @@ def _model(ctx: Context, name: str) -> Model:
         else:
             answer = target.call("ModelMetadata", {"name": name})
             data = _metadata_json(answer)
+            for tensor in (data or {}).get("inputs", []) + (data or {}).get("outputs", []):
+                tensor["shape"] = [int(d) for d in tensor.get("shape", [])]  # int64s print as strings
         if not isinstance(data, dict):
             model.problem = f"its metadata could not be read ({answer.text(120)})"
             return model
