@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SITE ?= site
 
-.PHONY: help build test goldens lint docs dist bench-build bench bench-scale bench-client serve clean
+.PHONY: help build test goldens lint docs dist bench-build bench bench-scale bench-client serve conformance-matrix clean
 .DEFAULT_GOAL := help
 
 # oipgen with its dev tools, every part's run-time requirements from their one source (REQUIREMENTS in
@@ -48,6 +48,7 @@ lint: $(STAMP)
 	$(BIN)/python tests/typecheck.py
 
 ## serve: build, then serve the example models (examples/models) over REST on :8000 and gRPC on :8001
+##   (every model of spec/examples/models.yaml, so `python -m oip.conformance` reports 0 failed against it)
 ##   (SERVE_ARGS="--http-port 0 --grpc-port 0 --ports-file F": other flags, added after these)
 serve: build
 	$(BIN)/python -m oip serve --model-repository examples/models --host 127.0.0.1 --http-port 8000 --grpc-port 8001 \
@@ -83,6 +84,15 @@ bench: $(STAMP)
 ##   (writes bench/results/scale.{md,json,png})
 bench-scale: $(STAMP)
 	$(BIN)/python bench/scale.py $(BENCH_ARGS)
+
+## conformance-matrix: the conformance suite against Triton, MLServer, KServe and ours; writes docs/conformance-matrix.*
+##   (both layers of `python -m oip.conformance` against Triton 2.51, MLServer 1.7.1, KServe 0.21.0 and ours, each
+##   serving the example models in its own native form; the peers are set up under bench/.cache by bench/setup.sh);
+##   writes docs/conformance-matrix.{md,json,png} (CONFORMANCE_ARGS="--servers oipgen,triton")
+conformance-matrix: build
+	BENCH_SETUP_ONLY=peers bash bench/setup.sh
+	BENCH_SETUP_ONLY=triton bash bench/setup.sh
+	$(BIN)/python bench/conformance_matrix.py $(CONFORMANCE_ARGS)
 
 ## clean: remove the virtual environment, the tools' caches, the wheel (dist/) and the site (site/)
 clean:

@@ -137,7 +137,12 @@ def pss_kib(pid: int) -> int:
     return total
 
 
-def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[list[str], dict[str, str]]:
+def command(
+    name: str, cache: Path, http_port: int, grpc_port: int, repository: Path | None = None,
+    options: tuple[str, ...] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of server `name`; `repository` is where it reads its models from (default:
+    the benchmark's): a model repository, or for KServe the folder of its kserve_server.py; `options` go last."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)
     if name == "oipgen_traced":
@@ -153,7 +158,7 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
             "oip",
             "serve",
             "--model-repository",
-            str(OIPGEN_MODELS),
+            str(repository or OIPGEN_MODELS),
             "--host",
             "127.0.0.1",
             "--http-port",
@@ -175,7 +180,7 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
         env["LD_LIBRARY_PATH"] = f"{site / 'nvidia_pytriton.libs'}:{Path(home).parent / 'lib'}"
         argv = [
             str(cache / "triton" / "tritonserver"),
-            f"--model-repository={TRITON_MODELS}",
+            f"--model-repository={repository or TRITON_MODELS}",
             f"--backend-directory={cache / 'triton' / 'backends'}",
             "--http-address=127.0.0.1",
             f"--http-port={http_port}",
@@ -192,11 +197,12 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
             MLSERVER_PARALLEL_WORKERS="0",
             MLSERVER_HOST="127.0.0.1",
         )
-        argv = [str(cache / "venv-mlserver" / "bin" / "mlserver"), "start", str(BENCH / "servers" / "mlserver_repo")]
+        argv = [str(cache / "venv-mlserver" / "bin" / "mlserver"), "start",
+                str(repository or BENCH / "servers" / "mlserver_repo")]
     elif name == "kserve":
         argv = [
             str(cache / "venv-kserve" / "bin" / "python"),
-            str(BENCH / "servers" / "kserve_server.py"),
+            str((repository or BENCH / "servers") / "kserve_server.py"),
             "--http_port",
             str(http_port),
             "--grpc_port",
@@ -208,7 +214,7 @@ def command(name: str, cache: Path, http_port: int, grpc_port: int) -> tuple[lis
         ]
     else:
         raise ValueError(f"unknown server {name!r}")
-    return ["taskset", "-c", VARIANT_CPUS.get(name, SERVER_CPU), *argv], env
+    return ["taskset", "-c", VARIANT_CPUS.get(name, SERVER_CPU), *argv, *options], env
 
 
 def _get(port: int, path: str) -> int:
@@ -295,12 +301,16 @@ def _grpc_ready(target: str, deadline: float) -> bool:
     return False
 
 
-def start(name: str, cache: Path, workdir: Path, timeout: float = 90.0) -> Running:
-    """Start server `name` and wait (bounded) until REST says it and both models are ready, then until gRPC
-    answers. `startup_s`: from the process start until the REST answers (polled every 20 ms)."""
+def start(
+    name: str, cache: Path, workdir: Path, timeout: float = 90.0, *, models: tuple[str, ...] = MODELS,
+    repository: Path | None = None, options: tuple[str, ...] = (),
+) -> Running:
+    """Start server `name` (over `repository`, see `command`) and wait (bounded) until REST says it and `models`
+    are ready, then until gRPC answers. `startup_s`: from the process start until the REST answers (polled every
+    20 ms)."""
     workdir.mkdir(parents=True, exist_ok=True)
     http_port, grpc_port = free_port(), free_port()
-    argv, env = command(name, cache, http_port, grpc_port)
+    argv, env = command(name, cache, http_port, grpc_port, repository, options)
     log = workdir / f"{name}.log"
     with log.open("ab") as sink:
         begin = time.monotonic()
@@ -316,7 +326,7 @@ def start(name: str, cache: Path, workdir: Path, timeout: float = 90.0) -> Runni
     server = Running(name, process, http_port, grpc_port, log)
     deadline = begin + timeout
     try:
-        waiting = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in MODELS)]
+        waiting = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)]
         while waiting:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {process.returncode} while starting; see {log}")
@@ -354,8 +364,8 @@ def stop(server: Running, grace: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def running(name: str, cache: Path, workdir: Path) -> Iterator[Running]:
-    server = start(name, cache, workdir)
+def running(name: str, cache: Path, workdir: Path, timeout: float = 90.0, **where: Any) -> Iterator[Running]:
+    server = start(name, cache, workdir, timeout, **where)
     try:
         yield server
     finally:

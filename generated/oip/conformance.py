@@ -2,30 +2,31 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""Conformance: replay the spec's golden cases (spec/examples) against any Open Inference Protocol server.
+"""Conformance: check any Open Inference Protocol server over REST and gRPC, in two layers.
 
-Every case of the spec ships with the package as data (`conformance.json`, read into `CASES`), with the example
-models the cases run against (`MODELS`): a server under test must serve those models, loaded at version "1" and
-ready. Each case is sent as written, over REST (httpx) and over gRPC (this package's own stubs), and the answer is
-compared by the rules of spec/examples/models.yaml:
+- Golden cases: every case of the spec (spec/examples) ships with the package as data (`conformance.json`, read
+  into `CASES`), with the example models the cases run against (`MODELS`). Each case is sent as written and its
+  answer compared by the rules of spec/examples/models.yaml; a case whose example model the server does not serve
+  is NOT APPLICABLE, and the summary names the models missing.
+- Protocol cases: derived from what the server reports (its metadata, the extensions it lists, its models and
+  their metadata), so they need no particular model: health, metadata, unknown model and version, wrong method,
+  malformed bodies, the listed extensions' endpoints, and per model a valid request answered with the declared
+  outputs, broken requests refused, `id` and requested outputs honoured, REST JSON, binary and gRPC agreeing, the
+  statistics counting what was sent.
 
-- REST: the status code must be equal. `events: [...]` expects a `text/event-stream` answer whose `data:`
-  events are those JSON values, in order (compared as bodies are). `{"error": True}` as the expected body means
-  "an Error body", a JSON object whose only key is `error`, a string. No expected body means an empty body. Otherwise the bodies must be
-  equal as JSON values: numbers by value (2 equals 2.0) but a boolean never equals a number, object key order does
-  not matter, a missing key differs from any value (an empty `reason` must be omitted, not sent as "").
-- gRPC: the status code must be equal; on success the response message must equal the expected one (both printed
-  with json_format, so defaults, 64-bit integers and bytes compare in one canonical form).
-- `compare: keys` compares only the set of top-level keys (over gRPC with fields at their defaults printed).
+Every result is PASS, FAIL (what was expected, what came) or NOT APPLICABLE (why), and names the section of the
+protocol it checks; spec/README.md's choices where the upstream documents disagree are named where a case
+depends on one.
 
 Command line:
 
-    python -m oip.conformance --url http://127.0.0.1:8000 --grpc 127.0.0.1:8001 [--only NAME ...]
-        [--rest-only | --grpc-only] [--verbose]
+    python -m oip.conformance --url http://127.0.0.1:8000 --grpc 127.0.0.1:8001 [--layer golden|protocol|all]
+        [--model NAME ...] [--only NAME ...] [--rest-only | --grpc-only] [--format text|json] [--junit FILE]
+        [--timeout S] [--list] [--verbose]
 
-prints one line per case and transport (PASS, FAIL with the difference, or SKIP with the reason), then
-`N passed, M failed` (and `, K skipped`), and exits 1 when any case failed. As a library: `run(url=..., grpc=...,
-only=...)` returns the list of `Result`s.
+prints one line per result, a summary per section and `N passed, M failed` (and `, K not applicable`) last, and
+exits 1 when any case failed. As a library: `run(url=..., grpc=..., only=..., layers=..., models=...)` returns the
+list of `Result`s.
 """
 
 from __future__ import annotations
@@ -36,23 +37,14 @@ from typing import Final
 
 from .grpc import grpc_service_pb2
 from .grpc.grpc_service_pb2_grpc import GRPCInferenceServiceStub
-from .conformance_engine import (
-    DEFAULT_GRPC,
-    DEFAULT_URL,
-    TRANSPORTS,
-    Case,
-    Result,
-    Rpc,
-    Suite,
-    compare_json,
-    compare_keys,
-    read_cases,
-    summary,
-)
+from .conformance_engine import DEFAULT_GRPC, DEFAULT_URL, Suite
+from .conformance_golden import Case, read_cases
+from .conformance_report import summary
+from .conformance_results import TRANSPORTS, Result, Route, Rpc, compare_json, compare_keys
 
 __all__ = [
-    "CASES", "DEFAULT_GRPC", "DEFAULT_URL", "MODELS", "RPCS", "SERVICE", "SUITE", "TRANSPORTS", "Case", "Result", "Rpc",
-    "compare_json", "compare_keys", "main", "run", "select", "summary",
+    "CASES", "DEFAULT_GRPC", "DEFAULT_URL", "MODELS", "ROUTES", "RPCS", "SERVICE", "SUITE", "TRANSPORTS", "Case",
+    "Result", "Route", "Rpc", "compare_json", "compare_keys", "main", "run", "select", "summary",
 ]
 
 SERVICE = 'inference.GRPCInferenceService'
@@ -78,13 +70,50 @@ RPCS: dict[str, Rpc] = {
     'CudaSharedMemoryUnregister': Rpc('CudaSharedMemoryUnregister', grpc_service_pb2.CudaSharedMemoryUnregisterRequest, grpc_service_pb2.CudaSharedMemoryUnregisterResponse, False),
 }
 
+# The REST operations by operation id: method, path, the RPC (or REST-only operation) each is the form of, and the
+# extension that owns it (None: the core protocol).
+ROUTES: dict[str, Route] = {
+    'server_live': Route('GET', '/v2/health/live', 'ServerLive', None),
+    'server_ready': Route('GET', '/v2/health/ready', 'ServerReady', None),
+    'model_ready': Route('GET', '/v2/models/{model_name}/ready', 'ModelReady', None),
+    'model_ready_versioned': Route('GET', '/v2/models/{model_name}/versions/{model_version}/ready', 'ModelReady', None),
+    'server_metadata': Route('GET', '/v2', 'ServerMetadata', None),
+    'model_metadata': Route('GET', '/v2/models/{model_name}', 'ModelMetadata', None),
+    'model_metadata_versioned': Route('GET', '/v2/models/{model_name}/versions/{model_version}', 'ModelMetadata', None),
+    'model_infer': Route('POST', '/v2/models/{model_name}/infer', 'ModelInfer', None),
+    'model_infer_versioned': Route('POST', '/v2/models/{model_name}/versions/{model_version}/infer', 'ModelInfer', None),
+    'model_config': Route('GET', '/v2/models/{model_name}/config', 'ModelConfig', 'model_configuration'),
+    'model_config_versioned': Route('GET', '/v2/models/{model_name}/versions/{model_version}/config', 'ModelConfig', 'model_configuration'),
+    'model_statistics_all': Route('GET', '/v2/models/stats', 'ModelStatistics', 'statistics'),
+    'model_statistics': Route('GET', '/v2/models/{model_name}/stats', 'ModelStatistics', 'statistics'),
+    'model_statistics_versioned': Route('GET', '/v2/models/{model_name}/versions/{model_version}/stats', 'ModelStatistics', 'statistics'),
+    'repository_index': Route('POST', '/v2/repository/index', 'RepositoryIndex', 'model_repository'),
+    'repository_model_load': Route('POST', '/v2/repository/models/{model_name}/load', 'RepositoryModelLoad', 'model_repository'),
+    'repository_model_unload': Route('POST', '/v2/repository/models/{model_name}/unload', 'RepositoryModelUnload', 'model_repository'),
+    'system_shared_memory_status_all': Route('GET', '/v2/systemsharedmemory/status', 'SystemSharedMemoryStatus', 'system_shared_memory'),
+    'system_shared_memory_status': Route('GET', '/v2/systemsharedmemory/region/{region_name}/status', 'SystemSharedMemoryStatus', 'system_shared_memory'),
+    'system_shared_memory_register': Route('POST', '/v2/systemsharedmemory/region/{region_name}/register', 'SystemSharedMemoryRegister', 'system_shared_memory'),
+    'system_shared_memory_unregister_all': Route('POST', '/v2/systemsharedmemory/unregister', 'SystemSharedMemoryUnregister', 'system_shared_memory'),
+    'system_shared_memory_unregister': Route('POST', '/v2/systemsharedmemory/region/{region_name}/unregister', 'SystemSharedMemoryUnregister', 'system_shared_memory'),
+    'cuda_shared_memory_status_all': Route('GET', '/v2/cudasharedmemory/status', 'CudaSharedMemoryStatus', 'cuda_shared_memory'),
+    'cuda_shared_memory_status': Route('GET', '/v2/cudasharedmemory/region/{region_name}/status', 'CudaSharedMemoryStatus', 'cuda_shared_memory'),
+    'cuda_shared_memory_register': Route('POST', '/v2/cudasharedmemory/region/{region_name}/register', 'CudaSharedMemoryRegister', 'cuda_shared_memory'),
+    'cuda_shared_memory_unregister_all': Route('POST', '/v2/cudasharedmemory/unregister', 'CudaSharedMemoryUnregister', 'cuda_shared_memory'),
+    'cuda_shared_memory_unregister': Route('POST', '/v2/cudasharedmemory/region/{region_name}/unregister', 'CudaSharedMemoryUnregister', 'cuda_shared_memory'),
+    'generate': Route('POST', '/v2/models/{model_name}/generate', 'Generate', None),
+    'generate_versioned': Route('POST', '/v2/models/{model_name}/versions/{model_version}/generate', 'Generate', None),
+    'generate_stream': Route('POST', '/v2/models/{model_name}/generate_stream', 'GenerateStream', None),
+    'generate_stream_versioned': Route('POST', '/v2/models/{model_name}/versions/{model_version}/generate_stream', 'GenerateStream', None),
+}
+
 # The example models every case runs against (spec/examples/models.yaml): name, summary, platform, behaviour
 # (identity, add_sub or words), versions, inputs and outputs as {name, datatype, shape} (-1: variable dimension),
 # and `decoupled: True` for a model that may answer a request any number of times. Read once at import from the
 # package data beside this module, with the golden cases.
 MODELS, CASES = read_cases(Path(__file__).with_name("conformance.json"))
 
-SUITE: Final = Suite(CASES, RPCS, GRPCInferenceServiceStub, prog="python -m oip.conformance")
+SUITE: Final = Suite(CASES, RPCS, GRPCInferenceServiceStub, prog="python -m oip.conformance", routes=ROUTES,
+                     models=MODELS)
 select = SUITE.select
 run = SUITE.run
 main = SUITE.main

@@ -81,7 +81,11 @@ PUBLIC = tuple(t for t in TARGETS if t != "package")
 # The runtime's modules at the package's top level belong to `models` (the core part), except these, which the
 # target named ships with the part it builds: the conformance runner's engine (httpx and grpc) and the converters'
 # rules (protobuf).
-TOP_LEVEL_RUNTIME: dict[str, str] = {"conformance_engine.py": "server", "convert_base.py": "grpc"}
+TOP_LEVEL_RUNTIME: dict[str, str] = {
+    **{f"conformance_{part}.py": "server" for part in (
+        "engine", "results", "golden", "protocol", "checks", "inference", "tensors", "report")},
+    "convert_base.py": "grpc",
+}
 
 
 def resolve(names: list[str]) -> list[str]:

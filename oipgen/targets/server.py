@@ -10,11 +10,11 @@ from . import Context, copy_top_level_runtime, data_file, render_folder
 
 def build(ctx: Context, tree: Tree) -> None:
     render_folder(ctx, tree, "server", extra=("__main__.py.jinja", "conformance.py.jinja"))
-    copy_top_level_runtime(ctx, tree, "server")  # conformance_engine
+    copy_top_level_runtime(ctx, tree, "server")  # the conformance suite's engine
     tree.add("server/openapi.json", data_file({"document": ctx.api.openapi}))
     cases = [
         {"name": case.name, "summary": case.summary, "operation": case.operation,
-         "compare": case.raw.get("compare"), "rest": case.rest, "grpc": case.grpc}
+         "compare": case.raw.get("compare"), "rest": case.rest, "grpc": case.grpc, "source": case.source}
         for case in ctx.api.examples
     ]
     tree.add("conformance.json", data_file({"models": [m.raw for m in ctx.api.example_models], "cases": cases}))
