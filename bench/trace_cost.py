@@ -1,16 +1,19 @@
 """What tracing costs per request, in process: the CPU a simple inference takes with metrics and tracing off,
 metrics on, and every request traced (OTLP/HTTP to bench/otlp_sink.py), on each transport's request path.
 
-The REST row drives the ASGI app directly (no sockets, no uvicorn); the gRPC row calls the handler that answers
-unary ModelInfer in a gRPC thread (no grpcio). Each measurement runs in a fresh process pinned to CPU 0 (the sink on
-CPU 1) and counts the CPU of every thread of it (the request's and the exporting one, up to the export of the last
-span) and of the request's thread alone. It also counts the Python calls a request makes on its thread: all of them,
-and those into the server's tracing module or OpenTelemetry (with tracing off: none, and OpenTelemetry's SDK is not
-even imported). A generated package (default: this checkout's `generated/`) can be compared with another
-(`--other DIR`, for instance `git archive <commit> generated | tar -x -C DIR`). Noise on a shared machine is lower
-than `make bench`'s (no load generator, CPU time rather than throughput), but compare only figures of the same run.
+The REST row drives the ASGI app directly (no sockets, no uvicorn); the gRPC rows call what answers unary ModelInfer
+(no grpcio): `grpc` the handler of the gRPC thread with the common request (raw inputs: the lean way),
+`grpc_general` the same handler with typed contents (the general way in the thread), `grpc_loop` the servicer's
+coroutine on the event loop (the way of every call the thread does not answer). Each measurement runs in a fresh
+process pinned to CPU 0 (the sink on CPU 1) and counts the CPU of every thread of it (the request's and the
+exporting one, up to the export of the last span) and of the request's thread alone. It also counts the Python
+calls a request makes on its thread: all of them, and those into the server's tracing module or OpenTelemetry
+(with tracing off: none, and OpenTelemetry's SDK is not even imported). A generated package (default: this
+checkout's `generated/`) can be compared with another (`--other DIR`, for instance `git archive <commit> generated
+| tar -x -C DIR`). Noise on a shared machine is lower than `make bench`'s (no load generator, CPU time rather than
+throughput), but compare only figures of the same run.
 
-    python bench/trace_cost.py [--requests 20000] [--repeats 3] [--other DIR]
+    python bench/trace_cost.py [--requests 20000] [--repeats 3] [--other DIR] [--transports rest,grpc,...]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 VARIANTS = ("bare", "metrics", "traced")
+TRANSPORTS = ("rest", "grpc", "grpc_general", "grpc_loop")
 
 
 def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
@@ -77,12 +81,15 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                 await app(scope, receive, send)
                 assert sent[0]["status"] == 200, sent
         else:
-            handler = grpc_servicer._in_thread(dataplane, settings, Servicer(dataplane, settings).infer, "ModelInfer",
-                                               None)
+            servicer = Servicer(dataplane, settings)
+            handler = grpc_servicer._in_thread(dataplane, settings, servicer.infer, "ModelInfer", None)
             message = pb.ModelInferRequest(model_name="simple")
             for name in ("INPUT0", "INPUT1"):
-                message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-                message.raw_input_contents.append(np.arange(16, dtype="<i4").tobytes())
+                tensor = message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+                if transport == "grpc_general":  # typed contents: not the lean way's request
+                    tensor.contents.int_contents.extend(range(16))
+                else:
+                    message.raw_input_contents.append(np.arange(16, dtype="<i4").tobytes())
 
             class Context:
                 def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -91,10 +98,17 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                 def abort(self, code: Any, details: str) -> None:
                     raise RuntimeError(details)
 
+                def code(self) -> None:
+                    return None
+
             context = Context()
 
-            async def one() -> None:
-                assert handler(message, context) is not grpc_servicer.NOT_HERE
+            if transport == "grpc_loop":
+                async def one() -> None:
+                    assert await servicer.ModelInfer(message, context)  # type: ignore[arg-type]
+            else:
+                async def one() -> None:
+                    assert handler(message, context) is not grpc_servicer.NOT_HERE
 
         for _ in range(2000):
             await one()
@@ -152,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--other", type=Path, help="another generated package to measure beside this checkout's")
+    p.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated, of " + ", ".join(TRANSPORTS))
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -166,18 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = os.environ[bench_run.servers.OTLP_ENV]
     try:
         for repeat in range(args.repeats):
-            for transport in ("rest", "grpc"):
+            for transport in args.transports.split(","):
                 for package in packages:
-                    figures = {v: run(package, transport, v, args.requests, endpoint) for v in VARIANTS}
+                    figures = {v: run(package, transport, v, args.requests, endpoint) for v in args.variants.split(",")}
                     cells = " | ".join(
                         f"{v} {f['cpu_us']:.1f} us (request's thread {f['thread_us']:.1f}; "
                         f"{f['calls']:.0f} calls, {f['tracing_calls']:.0f} of tracing; "
                         f"SDK {'loaded' if f['sdk'] else 'not loaded'})" for v, f in figures.items()
                     )
-                    added = figures["traced"]["cpu_us"] - figures["metrics"]["cpu_us"]
-                    note = f"; {figures['traced']['dropped']} dropped" if figures["traced"]["dropped"] else ""
-                    print(f"[{repeat + 1}] {transport} {package}: {cells} | tracing adds {added:.1f} us{note}",
-                          flush=True)
+                    added = note = ""
+                    if "traced" in figures and "metrics" in figures:
+                        added = f" | tracing adds {figures['traced']['cpu_us'] - figures['metrics']['cpu_us']:.1f} us"
+                        note = f"; {figures['traced']['dropped']} dropped" if figures["traced"]["dropped"] else ""
+                    print(f"[{repeat + 1}] {transport} {package}: {cells}{added}{note}", flush=True)
     finally:
         print("OTLP sink received:", bench_run.stop_sink(sink))
     return 0
