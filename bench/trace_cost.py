@@ -38,8 +38,9 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
     """In this process (started by `run`): CPU per request of `transport` under `variant`."""
     import numpy as np
     from oip.grpc import grpc_service_pb2 as pb
-    from oip.server import DataPlane, ModelRepository, Settings, grpc_servicer
+    from oip.server import DataPlane, ModelRepository, Settings
     from oip.server.grpc import Servicer
+    from oip.server.grpc import servicer as grpc_servicer
     from oip.server.rest import create_app
 
     sys.path.insert(0, str(ROOT / "examples" / "models" / "simple"))
@@ -125,7 +126,7 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
             if event == "call":
                 calls["all"] += 1
                 module = frame.f_globals.get("__name__", "")
-                if module.endswith(".server.tracing") or module.startswith("opentelemetry"):
+                if module.endswith(".server.observe.tracing") or module.startswith("opentelemetry"):
                     calls["tracing"] += 1
 
         counted = 200

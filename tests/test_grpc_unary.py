@@ -1,4 +1,4 @@
-"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc_unary.UnaryInfer`), in process.
+"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc.in_thread.UnaryInfer`), in process.
 
 Every request it takes must get exactly the answer the general way gives (`Pipeline.infer_in_thread` and the
 transport's encoder: compared as parsed messages), be counted exactly as the general way counts it (statistics
@@ -21,9 +21,9 @@ import pytest
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings, TensorSpec
 from oip.server.grpc import decode_infer_request, encode_infer_response
-from oip.server.grpc_unary import UnaryInfer
+from oip.server.grpc.in_thread import UnaryInfer
 from oip.server.model import DynamicBatching
-from oip.server.timing import InferenceRecord, Observer
+from oip.server.observe.events import InferenceRecord, Observer
 
 Arrays = dict[str, npt.NDArray[Any]]
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -259,7 +259,7 @@ class Peeking(Simple):
         self.seen: list[tuple[Any, Any]] = []
 
     def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        from oip.server.timing import current
+        from oip.server.observe.events import current
         from opentelemetry import trace
 
         self.seen.append((trace.get_current_span().get_span_context(), current()))
@@ -273,7 +273,7 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
     failure's span says so and has the phases it reached."""
     import secrets
 
-    from oip.server import tracing
+    from oip.server.observe import tracing
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope

@@ -1,4 +1,4 @@
-"""The metrics' bookkeeping, in process (`oip.server.metrics.Metrics`): what a scrape reads must be exactly what
+"""The metrics' bookkeeping, in process (`oip.server.observe.metrics.Metrics`): what a scrape reads must be exactly what
 happened, however it is counted on the hot path. Requests go through the REST app (ASGI, no sockets).
 
 - Pending requests are those started less those the statistics counted as finished: a request in flight counts,
@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, Settings, TensorSpec
-from oip.server.metrics import Metric, render
+from oip.server.observe.events import InferenceRecord, Observer
+from oip.server.observe.metrics import Metric, render
 from oip.server.rest import create_app
-from oip.server.timing import InferenceRecord, Observer
 
 TIMEOUT = 30.0
 KEY = (("model", "gate"), ("version", "1"))

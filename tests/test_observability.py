@@ -540,7 +540,8 @@ def test_a_collector_that_is_down_holds_neither_the_requests_nor_the_stop(protoc
     assert code == 0, log
     assert took < grace + 3, (took, log)
     lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
-    assert any(x["logger"] == "oip.server.tracing" and "traced request(s) dropped" in x["message"] for x in lines), log
+    assert any(x["logger"] == "oip.server.observe.tracing" and "traced request(s) dropped" in x["message"]
+               for x in lines), log
 
 
 def test_only_inference_requests_are_spans(repository: Path, tmp_path: Path,
@@ -719,7 +720,7 @@ def test_the_configured_sampler_decides(repository: Path, tmp_path: Path,
 def test_the_otlp_encoding_is_the_sdks() -> None:
     """What the server writes for its spans is byte for byte what the SDK's OTLP encoder writes for the same
     spans: caller's parent or none, trace state, error with a message, non-ASCII and long values, many spans."""
-    from oip.server import tracing
+    from oip.server.observe import tracing
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -749,7 +750,7 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
     # The server's path: requests through the observer (a root, a caller's with a trace state and a failure, a
     # decoupled one's phases), then the export request it writes, against the SDK's for the same spans.
     from oip.server.errors import ModelFailure
-    from oip.server.timing import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
+    from oip.server.observe.events import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
     from opentelemetry.sdk.trace import TracerProvider
 
     posted: list[tuple[bytes, int]] = []
@@ -780,8 +781,8 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
 def test_the_phase_spans_take_their_ids_from_the_configured_generator(generator: str) -> None:
     """The phases' span ids come from the tracer provider's id generator: the SDK's default one's are drawn at
     once (64 random bits each, never zero, all different here), any other's are asked one by one."""
-    from oip.server import tracing
-    from oip.server.timing import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
+    from oip.server.observe import tracing
+    from oip.server.observe.events import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -837,7 +838,7 @@ def test_a_requests_own_span_context_is_what_the_api_makes() -> None:
     constructor gives (fields, validity, type); for a `SpanContext` built otherwise, the constructor is used."""
     import types
 
-    from oip.server import tracing
+    from oip.server.observe import tracing
     from opentelemetry import trace
 
     make = tracing._own_span_context(trace)
@@ -866,8 +867,8 @@ def test_the_running_request_is_current_without_attaching(monkeypatch: pytest.Mo
     API's runtime context is another one, the request attaches its context instead, with the same result."""
     import contextvars
 
-    from oip.server import tracing
-    from oip.server.timing import Timer, notify_started
+    from oip.server.observe import tracing
+    from oip.server.observe.events import Timer, notify_started
     from opentelemetry import context, trace
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
     from opentelemetry.sdk.trace import TracerProvider
@@ -944,8 +945,8 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
     """A sampler whose decision depends on the parent's flags only is not asked per request: what the request's
     span gets (sampled or not, trace state) is what the sampler answers, for a root, a remote parent sampled or
     not (with a trace state), and a local parent sampled or not; any other sampler is asked."""
-    from oip.server import tracing
-    from oip.server.timing import Timer, notify_started
+    from oip.server.observe import tracing
+    from oip.server.observe.events import Timer, notify_started
     from opentelemetry import context, trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import _KNOWN_SAMPLERS
@@ -997,8 +998,8 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The OTLP/HTTP exporter sends over a plain connection of its own only where requests, its default, would
     send the same request: a plain-HTTP endpoint that no proxy variable and no .netrc entry covers."""
-    from oip.server import tracing
-    from oip.server.otlp_http import PlainHTTPTransport
+    from oip.server.observe import tracing
+    from oip.server.observe.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
 
     netrc = tmp_path / "netrc"
@@ -1021,7 +1022,7 @@ def test_the_plain_http_transport_keeps_its_connection_and_tells_errors_as_the_e
     connection, with the exporter's body and headers; one the receiver dropped is made again and the export
     succeeds; an answer's headers are read whatever their case; a refused connection is a connection error, an answer
     that does not come in time is not; closing ends a request waiting for its answer."""
-    from oip.server.otlp_http import PlainHTTPTransport
+    from oip.server.observe.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     seen: list[tuple[str, bytes, str, int]] = []
@@ -1094,8 +1095,8 @@ def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:
     """The request path reads a plain traceparent itself: what it reads is exactly the SDK propagator's span
     context, and anything else (another version, uppercase, spaces, zero ids, a tracestate) is left to the
     propagator; either way the request's span joins the same trace under the same parent, sampled the same."""
-    from oip.server import tracing
-    from oip.server.timing import Timer
+    from oip.server.observe import tracing
+    from oip.server.observe.events import Timer
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -1133,7 +1134,8 @@ OFF_PATH = """
 import asyncio, json, sys, threading
 import httpx
 from oip.grpc import grpc_service_pb2 as pb
-from oip.server import DataPlane, ModelRepository, Settings, grpc_servicer
+from oip.server import DataPlane, ModelRepository, Settings
+from oip.server.grpc import servicer as grpc_servicer
 from oip.server.grpc import Servicer
 from oip.server.rest import create_app
 sys.path.insert(0, sys.argv[1])
@@ -1156,7 +1158,7 @@ async def main():
 
     def profile(frame, event, arg):
         module = frame.f_globals.get("__name__", "")
-        if event == "call" and (module.endswith(".server.tracing") or module.startswith("opentelemetry")):
+        if event == "call" and (module.endswith(".server.observe.tracing") or module.startswith("opentelemetry")):
             calls.append(module + "." + frame.f_code.co_name)
 
     sys.setprofile(profile)

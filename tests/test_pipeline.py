@@ -32,7 +32,7 @@ from oip.server import (
 )
 from oip.server.errors import ErrorKind
 from oip.server.model import DynamicBatching
-from oip.server.timing import PHASES, ExecutionRecord, InferenceRecord, Observer
+from oip.server.observe.events import PHASES, ExecutionRecord, InferenceRecord, Observer
 
 pytestmark = pytest.mark.anyio
 

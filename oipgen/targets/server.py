@@ -11,7 +11,7 @@ from . import Context, copy_top_level_runtime, data_file, render_folder
 def build(ctx: Context, tree: Tree) -> None:
     render_folder(ctx, tree, "server", extra=("__main__.py.jinja", "conformance.py.jinja"))
     copy_top_level_runtime(ctx, tree, "server")  # conformance_engine
-    tree.add("server/openapi.json", data_file({"document": ctx.api.openapi}))
+    tree.add("server/rest/openapi.json", data_file({"document": ctx.api.openapi}))
     cases = [
         {"name": case.name, "summary": case.summary, "operation": case.operation,
          "compare": case.raw.get("compare"), "rest": case.rest, "grpc": case.grpc}

@@ -34,7 +34,7 @@ from oip.grpc import model_config_pb2 as pb_model_config
 from oip.grpc import grpc_service_pb2 as pb_grpc_service
 from oip import extensions
 from oip.server import DataPlane, ModelRepository, Settings
-from oip.server.dataplane import SHARED_MEMORY, UNSUPPORTED
+from oip.server.core.dataplane import SHARED_MEMORY, UNSUPPORTED
 from oip.server.grpc import Servicer
 from oip.server.rest import create_app
 

@@ -13,10 +13,10 @@ on demand) only decode requests and encode answers.
 from __future__ import annotations
 
 from . import errors, types
-from .dataplane import DataPlane
+from .core.dataplane import DataPlane
+from .core.repository import ModelRepository, ModelState, ModelStatus
 from .errors import ErrorKind, InvalidRequest, ModelFailure, NotFound, NotReady, OipError, TooLarge, Unimplemented
 from .model import InferResult, Model, TensorSpec
-from .repository import ModelRepository, ModelState, ModelStatus
 from .settings import Settings
 from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
