@@ -32,16 +32,16 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 VARIANTS = ("bare", "metrics", "traced")
 TRANSPORTS = ("rest", "grpc", "grpc_general", "grpc_loop")
+# The server's modules of tracing
+TRACING = tuple(".server.observe." + name for name in ("tracing", "tracing_setup", "otlp", "otlp_http"))
 
 
 def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
     """In this process (started by `run`): CPU per request of `transport` under `variant`."""
     import numpy as np
     from oip.grpc import grpc_service_pb2 as pb
-    from oip.server import DataPlane, ModelRepository, Settings
-    from oip.server.grpc import Servicer
-    from oip.server.grpc import servicer as grpc_servicer
-    from oip.server.rest import create_app
+    from oip.server import Assembly, ModelRepository, Settings
+    from oip.server.grpc.in_thread import NOT_HERE, in_thread
 
     sys.path.insert(0, str(ROOT / "examples" / "models" / "simple"))
     from model import Simple  # type: ignore[import-not-found]
@@ -51,10 +51,11 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
         repository.add(Simple("simple"))
         await repository.load_all()
         settings = Settings(metrics=variant != "bare")
-        dataplane = DataPlane(repository, settings)
-        assert (dataplane.tracing is not None) == (variant == "traced")
+        server = Assembly.build(repository, settings)
+        dataplane = server.dataplane
+        assert server.tracing == (variant == "traced")
         if transport == "rest":
-            app = create_app(dataplane, settings)
+            app = server.rest_app()
             values = list(range(16))
             body = json.dumps({"inputs": [
                 {"name": name, "shape": [1, 16], "datatype": "INT32", "data": values} for name in ("INPUT0", "INPUT1")
@@ -82,8 +83,8 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                 await app(scope, receive, send)
                 assert sent[0]["status"] == 200, sent
         else:
-            servicer = Servicer(dataplane, settings)
-            handler = grpc_servicer._in_thread(dataplane, settings, servicer.infer, "ModelInfer", None)
+            servicer = server.servicer()
+            handler = in_thread(dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, server.tracing)
             message = pb.ModelInferRequest(model_name="simple")
             for name in ("INPUT0", "INPUT1"):
                 tensor = message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
@@ -109,7 +110,7 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                     assert await servicer.ModelInfer(message, context)  # type: ignore[arg-type]
             else:
                 async def one() -> None:
-                    assert handler(message, context) is not grpc_servicer.NOT_HERE
+                    assert handler(message, context) is not NOT_HERE
 
         for _ in range(2000):
             await one()
@@ -126,7 +127,7 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
             if event == "call":
                 calls["all"] += 1
                 module = frame.f_globals.get("__name__", "")
-                if module.endswith(".server.observe.tracing") or module.startswith("opentelemetry"):
+                if module.endswith(TRACING) or module.startswith("opentelemetry"):
                     calls["tracing"] += 1
 
         counted = 200

@@ -280,7 +280,6 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
 
     peeking = Peeking()
     dp = plane(peeking, Answers("failing", lambda i: 1 / 0))
-    dp.settings.tracing = True
     observer = tracing.Tracing(TracerProvider(), None, InstrumentationScope("oip.server"), lambda *sent: None)
     dp.observers.append(observer)
     lean = lean_way(dp)

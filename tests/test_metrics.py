@@ -93,7 +93,7 @@ def test_pending_counts_the_requests_in_flight(model_threads: int) -> None:
     dp = plane(gate, model_threads=model_threads)
     metrics = dp.metrics
     assert metrics is not None
-    app = create_app(dp, dp.settings)
+    app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
     async def main() -> list[int]:
         transport = httpx.ASGITransport(app=app)
@@ -166,7 +166,7 @@ def test_the_latency_histogram_is_the_statistics_own() -> None:
     assert metrics is not None
     seen = Recording()
     dp.observers.append(seen)
-    app = create_app(dp, dp.settings)
+    app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
     async def main() -> None:
         transport = httpx.ASGITransport(app=app)

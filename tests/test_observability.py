@@ -1134,12 +1134,12 @@ OFF_PATH = """
 import asyncio, json, sys, threading
 import httpx
 from oip.grpc import grpc_service_pb2 as pb
-from oip.server import DataPlane, ModelRepository, Settings
-from oip.server.grpc import servicer as grpc_servicer
-from oip.server.grpc import Servicer
-from oip.server.rest import create_app
+from oip.server import Assembly, ModelRepository, Settings
+from oip.server.grpc.in_thread import NOT_HERE, in_thread
 sys.path.insert(0, sys.argv[1])
 from model import Simple
+
+TRACING = tuple(".server.observe." + name for name in ("tracing", "tracing_setup", "otlp", "otlp_http"))
 
 class Context:  # what the gRPC handler reads of its call
     def invocation_metadata(self):
@@ -1150,15 +1150,16 @@ async def main():
     repository.add(Simple("simple"))
     await repository.load_all()
     settings = Settings()
-    dataplane = DataPlane(repository, settings)
-    app = create_app(dataplane, settings)
+    server = Assembly.build(repository, settings)
+    dataplane = server.dataplane
+    app = server.rest_app()
     body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
                        for n in ("INPUT0", "INPUT1")]}
     calls = []  # the functions of tracing and OpenTelemetry the requests call, on their threads
 
     def profile(frame, event, arg):
         module = frame.f_globals.get("__name__", "")
-        if event == "call" and (module.endswith(".server.observe.tracing") or module.startswith("opentelemetry")):
+        if event == "call" and (module.endswith(TRACING) or module.startswith("opentelemetry")):
             calls.append(module + "." + frame.f_code.co_name)
 
     sys.setprofile(profile)
@@ -1167,12 +1168,12 @@ async def main():
         answer = await client.post("/v2/models/simple/infer", json=body,
                                    headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
         assert answer.status_code == 200, answer.text
-    handler = grpc_servicer._in_thread(dataplane, settings, Servicer(dataplane, settings).infer, "ModelInfer", None)
+    handler = in_thread(dataplane.pipeline, settings, server.servicer().infer, "ModelInfer", None, server.tracing)
     message = pb.ModelInferRequest(model_name="simple")
     for name in ("INPUT0", "INPUT1"):
         message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         message.raw_input_contents.append(bytes(64))
-    assert handler(message, Context()) is not grpc_servicer.NOT_HERE
+    assert handler(message, Context()) is not NOT_HERE
     sys.setprofile(None)
     threading.setprofile(None)
     served = dataplane.statistics.for_model("simple", "1").inference_count

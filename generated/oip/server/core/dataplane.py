@@ -32,10 +32,8 @@ from ... import extensions
 from ...grpc import grpc_service_pb2 as pb
 from ..errors import InvalidRequest, NotReady, Unimplemented
 from ..model import Model, TensorSpec
-from ..observe import tracing
-from ..observe.events import Observer
-from ..observe.metrics import Metric, Metrics
-from ..observe.statistics import Statistics
+from ..observe.metrics import Metric
+from ..observe.observing import Observing
 from ..settings import Settings
 from ..types import InferRequest, InferResponse
 from . import generate
@@ -64,10 +62,13 @@ _NO_CUDA: Final = (
 class DataPlane(DataPlaneBase):
     """The operations of the protocol over a `ModelRepository`.
 
-    `observers` are told about every inference request and model run (`timing.Observer`); the statistics
-    extension (`statistics`) is the first. Append to the list to add one."""
+    `observing` (default: what `settings` asks for, without tracing) says what observes inference: `observers` are
+    told about every inference request and model run (`observe.events.Observer`); the statistics extension
+    (`statistics`) is the first, `metrics` (None: off) and `tracing` (None: off) follow. Append to `observers` to
+    add one."""
 
-    def __init__(self, repository: ModelRepository, settings: Settings | None = None) -> None:
+    def __init__(self, repository: ModelRepository, settings: Settings | None = None,
+                 observing: Observing | None = None) -> None:
         self.repository = repository
         self.settings = settings if settings is not None else Settings()
         self.shared_memory = SharedMemory(
@@ -76,20 +77,16 @@ class DataPlane(DataPlaneBase):
             max_regions=self.settings.shared_memory_max_regions,
             max_bytes=self.settings.shared_memory_max_bytes,
         )
+        # The extensions served: `Settings.extensions` (None: every one this server can serve here).
         self.enabled: Final[tuple[str, ...]] = tuple(self._enabled(self.settings.extensions))
-        self.settings.extensions = list(self.enabled)
         self.disable_extensions(self.enabled, reasons={CUDA_SHARED_MEMORY: _NO_CUDA})
         self.live = True  # the serving layer may turn it off while it shuts down
-        self.statistics = Statistics()
-        self.observers: list[Observer] = [self.statistics]
-        self.metrics = (Metrics(self.statistics, self.repository.inflight, self.settings.metrics_buckets)
-                        if self.settings.metrics else None)
-        if self.metrics is not None:
-            self.observers.append(self.metrics)
-        self.tracing = tracing.configure(self.settings.server_name)
-        if self.tracing is not None:
-            self.settings.tracing = True
-            self.observers.append(self.tracing)
+        if observing is None:  # what the settings ask for, without tracing (the composition root configures it)
+            observing = Observing.of(self.settings, repository.inflight)
+        self.statistics = observing.statistics
+        self.metrics = observing.metrics
+        self.tracing = observing.tracing
+        self.observers = observing.observers
         self.pipeline = Pipeline(self.repository, self.settings, self.shared_memory, self.enabled, self.observers)
 
     @property

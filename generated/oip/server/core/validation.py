@@ -57,13 +57,37 @@ def declared_shape(model: Model, spec: TensorSpec) -> tuple[int, ...]:
     return (-1, *spec.shape) if model.max_batch_size > 0 else spec.shape
 
 
-def _matches(declared: Sequence[int], shape: Sequence[int]) -> bool:
+def shape_fits(declared: Sequence[int], shape: Sequence[int]) -> bool:
+    """The shape rule, for requests and answers over every way: `shape` has the rank of the `declared` shape, and
+    each dimension is the declared one where that is not -1 (any size). Dimensions are checked to be sizes (integers
+    >= 0) before: `tensor_elements` for a request's tensor, numpy for an answer's array."""
     if len(shape) != len(declared):
         return False
     for d, s in zip(declared, shape, strict=True):  # noqa: SIM110 (a loop: cheaper than all() over a generator)
         if d != s and d != -1:
             return False
     return True
+
+
+def tensor_elements(name: str, shape: Any, limit: int) -> int:
+    """The one check of a request tensor's header, over both transports and the lean gRPC way: the element count of
+    `shape`; CodecError unless it is a list of integers >= 0, TooLarge beyond `limit` elements per tensor (checked
+    before anything is allocated)."""
+    count = 1
+    if type(shape) is list:
+        for d in shape:  # plain ints in range, told quickly; anything else as the codec reads it
+            if type(d) is not int or not 0 <= d < _MAX_DIM:
+                count = codec.element_count(shape, name=name)
+                break
+            count *= d
+    else:
+        count = codec.element_count(shape, name=name)
+    if count > limit:
+        raise TooLarge(f"input '{name}': shape {shape} has {count} elements, more than the {limit} allowed per tensor")
+    return count
+
+
+_MAX_DIM: Final = 1 << 63
 
 
 
@@ -102,7 +126,7 @@ def check_inputs(model: Model, tensors: Sequence[Tensor]) -> tuple[dict[str, npt
         ):
             raise InvalidRequest(f"input '{spec.name}': shape {shape_text(shape)} is invalid")
         expected = declared_shape(model, spec)
-        if not _matches(expected, shape):
+        if not shape_fits(expected, shape):
             raise InvalidRequest(
                 f"unexpected shape for input '{spec.name}' for model '{model.name}'. Expected "
                 f"{shape_text(expected)}, got {shape_text(shape)}"
@@ -238,7 +262,7 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
         except (ValueError, TypeError) as exc:
             raise ModelFailure(f"model '{model.name}' output '{spec.name}': {exc}") from exc
     expected = declared_shape(model, spec)
-    if not _matches(expected, array.shape) or (model.max_batch_size > 0 and array.shape[0] != batch_size):
+    if not shape_fits(expected, array.shape) or (model.max_batch_size > 0 and array.shape[0] != batch_size):
         batch = f" for a batch of {batch_size}" if model.max_batch_size > 0 else ""
         raise ModelFailure(
             f"model '{model.name}' output '{spec.name}' has shape {shape_text(array.shape)}, but the model "

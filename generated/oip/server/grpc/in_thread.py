@@ -2,7 +2,8 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""Unary ModelInfer in the gRPC thread, the lean way: from the parsed message straight to the reply's bytes.
+"""Unary ModelInfer wholly in the gRPC thread (`in_thread`): the general way, and the lean way (`UnaryInfer`),
+from the parsed message straight to the reply's bytes.
 
 The general way (`Pipeline.infer_in_thread`) builds the data plane's request, runs it through every check and
 observer, and encodes its response through protobuf; for a small request to a small model that work costs more
@@ -38,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+import grpc
 import numpy as np
 
 from ... import datatypes
@@ -59,11 +61,16 @@ from ..observe.events import (
 )
 from ..observe.metrics import Metrics
 from ..observe.statistics import Statistics
-from ..observe.tracing import Tracing
+from ..observe.tracing import Tracing, carrier
 from ..settings import Settings
 from ..types import InferRequest, InferResponse
+from .infer_codec import InferCodec, InferWire, Malformed, message_size
+from .servicer import Observe, metadata, status
 
-__all__ = ["UnaryInfer"]
+__all__ = ["NOT_HERE", "UnaryInfer", "in_thread"]
+
+NOT_HERE: Final = object()
+"""What the thread's handler returns when the call must take the event loop's way."""
 
 _RESPONSE: Final = pb.ModelInferResponse
 _OUTPUT: Final = pb.ModelInferResponse.InferOutputTensor
@@ -327,3 +334,57 @@ class UnaryInfer:
         )
         self.pipeline.report(record)
 
+
+
+def in_thread(
+    pipeline: Pipeline, settings: Settings, infer: InferCodec[Any], rpc: str, observe: Observe | None, tracing: bool
+) -> Callable[[Any, grpc.ServicerContext], Any]:
+    """Unary inference wholly in the gRPC thread, for a model that allows it (`Pipeline.runs_in_thread`): the same
+    decoding, pipeline, encoding and errors as the servicer's way (`ServicerBase.infer_call`); NOT_HERE for any
+    other request. The common request takes the lean way (`UnaryInfer`: the same checks, counts and errors, less
+    work). `observe` counts and logs each answer; with `tracing`, the caller's trace context goes with the
+    request."""
+    decode_request, encode_wire = infer.decode_request, infer.encode_wire
+    lean = UnaryInfer(pipeline, settings, encode_wire)
+    request_type = infer.request
+
+    def infer_in_thread(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            return NOT_HERE
+        start, code, sent = time.perf_counter_ns(), "OK", 0
+        trace = carrier(metadata(context).get) if tracing else None
+        if type(request) is request_type:  # the common request: the lean way
+            try:
+                reply = lean(request, trace)
+            except Exception as exc:
+                status_code, details = status(exc)
+                code = str(status_code.name)
+                context.abort(status_code, details)
+            finally:
+                if observe is not None and code != "OK":
+                    observe(rpc, code, start, request, sent)
+            if reply is not None:
+                if observe is not None:
+                    observe(rpc, code, start, request, message_size(reply))
+                return reply
+        wire = request if isinstance(request, InferWire) else None
+        message = wire.message if wire is not None else request
+        if not pipeline.runs_in_thread(message.model_name, message.model_version):
+            return NOT_HERE
+        try:
+            infer_request = decode_request(message, settings, wire.raw if wire is not None else None)
+            infer_request.transport = "grpc"
+            infer_request.trace = trace
+            reply = encode_wire(pipeline.infer_in_thread(infer_request))
+            if observe is not None:
+                sent = message_size(reply)
+            return reply
+        except Exception as exc:
+            status_code, details = status(exc)
+            code = str(status_code.name)
+            context.abort(status_code, details)
+        finally:
+            if observe is not None:
+                observe(rpc, code, start, request, sent)
+
+    return infer_in_thread

@@ -10,8 +10,8 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
 
 - in the thread: unary ModelInfer on a model that allows it (`Pipeline.runs_in_thread`: a plain `infer`, no
   dynamic batching, not decoupled) is decoded, run through the data plane's pipeline and encoded in the gRPC
-  thread, never touching the event loop (`fast` handlers, given by the transport);
-- on the loop: every other call runs the transport's coroutine (`grpc.py`'s servicer: the same code, the same
+  thread, never touching the event loop (`in_thread`);
+- on the loop: every other call runs the servicer's coroutine (`service.Servicer`: the same code, the same
   errors) on the event loop, and the thread waits for it. Request streams are read by a thread of their own and
   handed to the coroutine; its responses come back to the gRPC thread through a bounded queue (a slow reader
   holds the stream, not the server's memory). A call the client cancels cancels its coroutine.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -34,12 +33,12 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
-__all__ = ["NOT_HERE", "threaded_server"]
+from ..core.pipeline import Pipeline
+from ..observe.metrics import Metrics
+from .in_thread import NOT_HERE, in_thread
+from .servicer import ServicerBase, method_handlers, observer, status
 
-log = logging.getLogger(__name__)
-
-NOT_HERE: Final = object()
-"""What a fast handler returns when the call must take the event loop's way."""
+__all__ = ["create_server", "threaded_server"]
 
 _WINDOW: Final = 64  # responses of a stream queued for the gRPC thread, and requests queued for the coroutine
 _END: Final = object()
@@ -71,13 +70,10 @@ class _LoopContext:
 
 
 def _finish(context: grpc.ServicerContext, loop_context: _LoopContext, exc: BaseException) -> Any:
-    """Answer a call whose coroutine failed: its recorded status, CANCELLED, or INTERNAL for a bug."""
+    """Answer a call whose coroutine failed: its recorded status, or the status of what it raised."""
     if isinstance(exc, grpc.aio.AbortError) and loop_context.status is not None:
         context.abort(*loop_context.status)
-    if isinstance(exc, concurrent.futures.CancelledError | asyncio.CancelledError):
-        context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
-    log.error("unexpected error answering a gRPC call", exc_info=exc)
-    context.abort(grpc.StatusCode.INTERNAL, f"internal server error ({type(exc).__name__})")
+    context.abort(*status(exc))
 
 
 def _cancel(future: concurrent.futures.Future[Any]) -> None:
@@ -228,3 +224,32 @@ def threaded_server(
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
     server.add_registered_method_handlers(service, sync)
     return server
+
+
+def create_server(
+    servicer: ServicerBase, *, pipeline: Pipeline | None = None, metrics: Metrics | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> grpc.Server:
+    """The gRPC server answering every RPC of `servicer`'s service from its data plane: grpcio's thread pool
+    server; with `pipeline` (the data plane's), unary inference on a model that allows it runs wholly in the gRPC
+    thread, everything else as the servicer's coroutines on `loop` (default: the running one: call from the event
+    loop); `metrics` counts every answer. Bind it with `add_insecure_port`.
+
+    Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), and a port
+    already in use is an error rather than shared, unless `settings.reuse_port` (the workers of `--workers N`).
+    """
+    settings = servicer.settings
+    limit = settings.max_request_bytes
+    observe = observer(servicer.service, metrics, settings.access_log)
+    handlers = method_handlers(servicer, observe)
+    fast = {} if pipeline is None else {
+        rpc.name: in_thread(pipeline, settings, servicer.infer, rpc.name, observe, servicer.tracing)
+        for rpc in servicer.rpcs if rpc.fast
+    }
+    options = [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+    ]
+    return threaded_server(servicer.service, handlers, fast, loop or asyncio.get_running_loop(),
+                           settings.grpc_threads, options)

@@ -5,7 +5,8 @@
 """The gRPC transport: the servicer of `inference.GRPCInferenceService`, one method per RPC of the spec.
 
 What the spec decides is here: the service, its RPCs (`RPCS`), the inference messages (`INFER`) and the methods;
-how each method decodes, calls the data plane, encodes and maps errors is `servicer`'s.
+how each method decodes, calls the data plane, encodes and maps errors is `servicer`'s, how calls are served
+`server`'s.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ import grpc
 from ...grpc import model_config_pb2 as pb_model_config
 from ...grpc import grpc_service_pb2 as pb_grpc_service
 from ...grpc import grpc_service_pb2_grpc
-from . import servicer as machinery
 from ..core.dataplane_base import DataPlaneBase
-from .servicer import Context, InferCodec, Observe, Rpc, ServicerBase, once
+from ..core.pipeline import Pipeline
+from ..observe.metrics import Metrics
 from ..settings import Settings
+from . import servicer as machinery
+from .infer_codec import InferCodec
+from .server import create_server
+from .servicer import Context, Observe, Rpc, ServicerBase, once
 
 __all__ = ["INFER", "RPCS", "SERVICE", "Servicer", "create_grpc_server", "decode_infer_request",
            "encode_infer_response", "method_handlers"]
@@ -61,9 +66,14 @@ decode_infer_request = INFER.decode_request
 encode_infer_response = INFER.encode_response
 
 
-def create_grpc_server(dataplane: DataPlaneBase, settings: Settings) -> grpc.Server:
-    """The gRPC server answering every RPC of the service from `dataplane` (`servicer.create_server`)."""
-    return machinery.create_server(Servicer(dataplane, settings))
+def create_grpc_server(
+    dataplane: DataPlaneBase, settings: Settings, *, pipeline: Pipeline | None = None, metrics: Metrics | None = None,
+    tracing: bool = False,
+) -> grpc.Server:
+    """The gRPC server answering every RPC of the service from `dataplane` (`server.create_server`: `pipeline`
+    answers unary inference in the gRPC thread, `metrics` counts every answer; with `tracing`, inference requests
+    carry the caller's trace context)."""
+    return create_server(Servicer(dataplane, settings, tracing), pipeline=pipeline, metrics=metrics)
 
 
 def method_handlers(servicer: Servicer, observe: Observe | None = None) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:

@@ -14,7 +14,7 @@ may reach any worker. Inference needs no coordination; the control plane does:
 - A worker restarted after a crash copies the others' state (loaded and unloaded models, registered regions)
   before it listens.
 
-Workers reach each other over Unix sockets in a private folder made by the supervisor (`workers.py`), one per
+Workers reach each other over Unix sockets in a private folder made by the supervisor (`supervisor`), one per
 worker (`worker-<i>.sock`), with `multiprocessing.connection` and a key only the supervisor and its workers know
 (authenticated with HMAC; the folder is mode 0700 too). A peer call names a data plane operation and carries its
 protobuf request; the peer runs the operation on its own data plane only, never forwarding it again.
@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any, Final
@@ -40,33 +41,26 @@ from ..core.dataplane import DataPlane
 from ..core.repository import ModelRepository
 from ..errors import ErrorKind, OipError
 from ..observe.metrics import Metric, from_json, merge, to_json
+from ..observe.observing import Observing
 from ..settings import Settings
 
-__all__ = ["CLUSTER_KEY_ENV", "ClusterDataPlane", "ControlServer", "Peers", "merge_statistics", "socket_path"]
+__all__ = ["ClusterDataPlane", "ControlServer", "Peers", "WorkerRole", "merge_statistics", "socket_path"]
 
 log = logging.getLogger(__name__)
 
-CLUSTER_KEY_ENV: Final = "OIP_CLUSTER_KEY"  # hex; set by the supervisor for its workers only
 _PEER_TIMEOUT: Final = 120.0  # one peer operation (a model load may take a while)
 
-# The operations a peer may be asked to run, with their request messages.
-_OPERATIONS: Final[dict[str, type[Message]]] = {
-    "repository_model_load": pb.RepositoryModelLoadRequest,
-    "repository_model_unload": pb.RepositoryModelUnloadRequest,
-    "system_shared_memory_register": pb.SystemSharedMemoryRegisterRequest,
-    "system_shared_memory_unregister": pb.SystemSharedMemoryUnregisterRequest,
-    "system_shared_memory_status": pb.SystemSharedMemoryStatusRequest,
-    "model_statistics": pb.ModelStatisticsRequest,
-    "repository_index": pb.RepositoryIndexRequest,
-}
-_RESPONSES: Final[dict[str, type[Message]]] = {
-    "repository_model_load": pb.RepositoryModelLoadResponse,
-    "repository_model_unload": pb.RepositoryModelUnloadResponse,
-    "system_shared_memory_register": pb.SystemSharedMemoryRegisterResponse,
-    "system_shared_memory_unregister": pb.SystemSharedMemoryUnregisterResponse,
-    "system_shared_memory_status": pb.SystemSharedMemoryStatusResponse,
-    "model_statistics": pb.ModelStatisticsResponse,
-    "repository_index": pb.RepositoryIndexResponse,
+# The operations a peer may be asked to run, with their request and response messages.
+_OPERATIONS: Final[dict[str, tuple[type[Message], type[Message]]]] = {
+    "repository_model_load": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+    "repository_model_unload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+    "system_shared_memory_register": (pb.SystemSharedMemoryRegisterRequest, pb.SystemSharedMemoryRegisterResponse),
+    "system_shared_memory_unregister": (
+        pb.SystemSharedMemoryUnregisterRequest, pb.SystemSharedMemoryUnregisterResponse
+    ),
+    "system_shared_memory_status": (pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse),
+    "model_statistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+    "repository_index": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
 }
 
 
@@ -74,7 +68,18 @@ _RESPONSES: Final[dict[str, type[Message]]] = {
 _METRICS: Final = "metric_families"
 
 
+@dataclass(frozen=True)
+class WorkerRole:
+    """What makes a server process one worker of several."""
+
+    index: int
+    folder: Path  # the control sockets and ready files of all workers
+    key: bytes  # authenticates calls between workers
+    copy_state: bool  # restarted: take the control-plane state of a running worker before listening
+
+
 def socket_path(folder: Path, index: int) -> Path:
+    """The control socket of worker `index`."""
     return folder / f"worker-{index}.sock"
 
 
@@ -110,7 +115,7 @@ class Peers:
                 raise PeerError(f"{path.name}: {exc}") from None
         status, _, body = answer.partition(b"\0")
         if status == b"ok":
-            return json.loads(body) if operation == _METRICS else _RESPONSES[operation].FromString(body)
+            return json.loads(body) if operation == _METRICS else _OPERATIONS[operation][1].FromString(body)
         kind, _, message = body.decode("utf-8", "replace").partition("\0")
         try:
             error_kind = ErrorKind(kind)
@@ -152,8 +157,9 @@ class ClusterDataPlane(DataPlane):
     """The data plane of one worker among several: control operations reach every worker before they answer,
     statistics sum over the workers. Inference and everything else is the worker's own."""
 
-    def __init__(self, repository: ModelRepository, settings: Settings, peers: Peers) -> None:
-        super().__init__(repository, settings)
+    def __init__(self, repository: ModelRepository, settings: Settings, peers: Peers,
+                 observing: Observing | None = None) -> None:
+        super().__init__(repository, settings, observing)
         self.peers = peers
 
     def local(self, operation: str) -> Callable[[Any], Coroutine[Any, Any, Message]]:
@@ -260,7 +266,7 @@ class ControlServer:
                     families = metrics.result(_PEER_TIMEOUT)
                     answer = b"ok\0" + json.dumps([to_json(f) for f in families]).encode()
                 else:
-                    request = _OPERATIONS[name].FromString(body)
+                    request = _OPERATIONS[name][0].FromString(body)
                     future = asyncio.run_coroutine_threadsafe(self.dataplane.local(name)(request), self.loop)
                     answer = b"ok\0" + future.result(_PEER_TIMEOUT).SerializeToString()
             except OipError as exc:

@@ -1,357 +1,40 @@
-"""Serving: the REST app (uvicorn) and the gRPC server (`grpc_threads`) in one process, over one event loop.
+"""`python -m <package> serve`: the command line, and what runs (`run`): one server process (`serve`), or
+`--workers N` of them under one supervisor (`supervisor`), which is handed what each worker runs (`run_worker`).
 
 `python -m <package> serve --model-repository DIR` loads every model of the repository, listens on both
 ports and serves until SIGTERM or SIGINT; then it stops accepting connections, lets the requests in flight
 finish (up to `--graceful-shutdown-seconds`), unloads the models and exits 0. A second signal exits at once
 with status 128 + the signal's number.
 Port 0 picks a free port; `--ports-file F` writes `{"http": N, "grpc": M}` to F once both listen.
-`--workers N` runs N such servers on the same ports under one supervisor (`workers.py`, `cluster.py`).
+`--workers N` runs N such servers on the same ports under one supervisor (`supervisor`, `cluster`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
-import contextlib
-import ctypes
-import datetime
-import json
+import dataclasses
 import logging
 import math
-import os
-import signal
-import socket
-import sys
-import time
-from collections.abc import Awaitable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
-
-import grpc.aio
-import uvicorn
+from typing import Final
 
 from ... import extensions
-from ..core.dataplane import DataPlane
-from ..core.repository import ModelRepository
-from ..grpc.service import create_grpc_server
-from ..observe import events, tracing
-from ..observe.metrics import CONTENT_TYPE, render
-from ..rest.app import create_app
-from ..rest.http import http_protocol
+from ..observe.logs import configure_logging
 from ..settings import Settings
-
-if TYPE_CHECKING:
-    from .supervisor import WorkerRole
+from .allocator import MMAP_THRESHOLD, tune_allocator
+from .cluster import WorkerRole
+from .serve import serve
+from .supervisor import cpu_count, supervise
 
 PACKAGE: Final = __name__.rsplit(".", 3)[0]  # the generated package's name, as vendored
 
-__all__ = [
-    "Ports", "build_parser", "configure_logging", "main", "run", "run_worker", "serve", "settings_from_args",
-    "tune_allocator",
-]
+__all__ = ["build_parser", "main", "run", "run_worker", "settings_from_args"]
 
 log = logging.getLogger(__name__)
 
 _LEVELS: Final = ("critical", "error", "warning", "info", "debug")
-_STARTUP_TIMEOUT: Final = 60.0
-
-
-@dataclass(frozen=True)
-class Ports:
-    """The ports the server listens on (None: that transport is off)."""
-
-    http: int | None
-    grpc: int | None
-    metrics: int | None = None  # --metrics-port
-
-
-# --- logging --------------------------------------------------------------------------------------------------
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, when there is one). A line
-    written while an inference request runs carries its `request_id`, and when it is traced its `trace_id` and
-    `span_id`; an access log line carries the request's fields (`access`)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
-                timespec="milliseconds"
-            ),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-            "pid": record.process,  # which worker, with --workers
-        }
-        timer = events.current()
-        if timer is not None:
-            if timer.request_id:
-                entry["request_id"] = timer.request_id
-            ids = tracing.current_ids()
-            if ids is not None:
-                entry["trace_id"], entry["span_id"] = ids
-        fields = getattr(record, "access", None)
-        if isinstance(fields, dict):
-            entry.update(fields)
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def configure_logging(level: str = "info", fmt: str = "text") -> None:
-    """Log records of every logger (the server's, uvicorn's, grpc's) to stderr at `level` and above."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers.clear()
-        logging.getLogger(name).propagate = True
-
-
-# --- serving --------------------------------------------------------------------------------------------------
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server without its own signal handling: `serve` owns the signals of the process."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    def install_signal_handlers(self) -> None:  # uvicorn before 0.29
-        return None
-
-
-def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (0: a free port), not yet listening."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:  # one of several workers on this port: the kernel spreads connections over them
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _http_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    sock = bound_socket(host, port, reuse_port)
-    sock.listen(2048)
-    sock.set_inheritable(False)
-    return sock
-
-
-def _write_ports_file(path: Path, ports: Ports) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    doc = {"http": ports.http, "grpc": ports.grpc, **({"metrics": ports.metrics} if ports.metrics else {})}
-    tmp.write_text(json.dumps(doc) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-async def serve(
-    settings: Settings,
-    repository: ModelRepository | None = None,
-    *,
-    ports_file: Path | None = None,
-    started: asyncio.Future[Ports] | None = None,
-    stop: asyncio.Event | None = None,
-    worker: WorkerRole | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT (or until `stop` is set), then drain and return.
-
-    Loads every model of `repository` (default: the folder `settings.model_repository`) first. `started`, if
-    given, receives the bound ports once both transports listen. `worker` makes this process one worker of
-    several (`--workers`): it shares the ports and its control plane with the others.
-    """
-    loop = asyncio.get_running_loop()
-    stop = stop or asyncio.Event()
-    signals: list[int] = []
-
-    def on_signal(sig: int) -> None:
-        signals.append(sig)
-        name = signal.Signals(sig).name
-        if len(signals) == 1:
-            log.info("received %s: draining in-flight requests, then stopping", name)
-            stop.set()
-            return
-        log.warning("received %s again: stopping now, without waiting for requests in flight", name)
-        logging.shutdown()
-        os._exit(128 + sig)
-
-    installed: list[int] = []
-    # A worker stops on its supervisor's SIGTERM only (Ctrl-C reaches the supervisor, which passes it on).
-    for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
-            pass
-
-    http: _Uvicorn | None = None
-    http_task: asyncio.Task[None] | None = None
-    metrics_http: _Uvicorn | None = None
-    metrics_task: asyncio.Task[None] | None = None
-    sockets: list[socket.socket] = []
-    grpc_server: grpc.Server | None = None
-    control: Any = None
-    dataplane_made: DataPlane | None = None
-    if repository is None:
-        repository = ModelRepository(settings.model_repository)
-    # Plain `infer` methods run in the loop's default executor: exactly `model_threads` of them at once, the
-    # instance count the model configuration extension reports.
-    loop.set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="model")
-    )
-    try:
-        await repository.load_all()
-        if stop.is_set():  # a signal came while the models loaded
-            return
-        if worker is None:
-            dataplane = DataPlane(repository, settings)
-        else:
-            from .cluster import ClusterDataPlane, ControlServer, Peers, socket_path
-
-            dataplane = ClusterDataPlane(repository, settings, Peers(worker.folder, worker.index, worker.key))
-            control = ControlServer(dataplane, socket_path(worker.folder, worker.index), worker.key, loop)
-            if worker.copy_state:
-                await dataplane.copy_state_from_peers()
-        dataplane_made = dataplane
-        grpc_port: int | None = None
-        if settings.grpc_port is not None:
-            grpc_server = create_grpc_server(dataplane, settings)
-            host = f"[{settings.host}]" if ":" in settings.host else settings.host
-            try:
-                grpc_port = grpc_server.add_insecure_port(f"{host}:{settings.grpc_port}")
-            except RuntimeError as exc:
-                raise OSError(f"cannot listen for gRPC on {host}:{settings.grpc_port}: {exc}") from None
-            if not grpc_port:
-                raise OSError(f"cannot listen for gRPC on {host}:{settings.grpc_port}")
-            grpc_server.start()
-        http_port: int | None = None
-        if settings.http_port is not None:
-            sock = _http_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
-            sockets.append(sock)
-            http_port = int(sock.getsockname()[1])
-            config = uvicorn.Config(
-                create_app(dataplane, settings),
-                log_config=None,
-                access_log=False,  # the app writes its own access log (`--access-log`), over both transports
-                lifespan="off",
-                timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
-                timeout_keep_alive=settings.http_keep_alive_seconds,
-                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout),
-                ws="none",
-                server_header=False,
-            )
-            http = _Uvicorn(config)
-            http_task = await _start_uvicorn(http, sockets[-1:], "the REST server")
-        metrics_port: int | None = None
-        if settings.metrics and settings.metrics_port is not None:
-            sock = _http_socket(settings.host, settings.metrics_port, reuse_port=settings.reuse_port)
-            sockets.append(sock)
-            metrics_port = int(sock.getsockname()[1])
-            config = uvicorn.Config(
-                _metrics_app(dataplane), log_config=None, access_log=False, lifespan="off", server_header=False
-            )
-            metrics_http = _Uvicorn(config)
-            metrics_task = await _start_uvicorn(metrics_http, sockets[-1:], "the metrics listener")
-        ports = Ports(http_port, grpc_port, metrics_port)
-        if ports_file is not None:
-            _write_ports_file(ports_file, ports)
-        if started is not None and not started.done():
-            started.set_result(ports)
-        log.info(
-            "serving on %s (REST port %s, gRPC port %s) with %d model(s)",
-            settings.host, http_port, grpc_port, len(repository.names()),
-        )
-
-        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
-        if http_task is not None:
-            waiters.append(http_task)
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        waiters[0].cancel()
-        if not stop.is_set():
-            raise RuntimeError("the REST server stopped unexpectedly")
-    finally:
-        # Everything below (draining, the last trace export, unloading) fits in the graceful shutdown's time.
-        deadline = time.monotonic() + settings.graceful_shutdown_seconds
-        if control is not None:
-            control.close()
-        await _shutdown(settings, http, http_task, grpc_server)
-        if metrics_http is not None and metrics_task is not None:
-            metrics_http.should_exit = True
-            await asyncio.gather(metrics_task, return_exceptions=True)
-        if dataplane_made is not None and dataplane_made.tracing is not None:
-            await asyncio.to_thread(dataplane_made.tracing.shutdown, deadline)
-        for sock in sockets:
-            sock.close()
-        await repository.unload_all()
-        for number in installed:
-            loop.remove_signal_handler(number)
-    log.info("stopped")
-
-
-async def _start_uvicorn(server: _Uvicorn, sockets: list[socket.socket], what: str) -> asyncio.Task[None]:
-    """Serve on `sockets` in a task, once it has started (bounded)."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.create_task(server.serve(sockets=sockets))
-    deadline = loop.time() + _STARTUP_TIMEOUT
-    while not server.started:
-        if task.done():
-            await task
-            raise RuntimeError(f"{what} stopped while starting")
-        if loop.time() > deadline:
-            raise RuntimeError(f"{what} did not start in time")
-        await asyncio.sleep(0.005)
-    return task
-
-
-def _metrics_app(dataplane: DataPlane) -> Any:
-    """The `--metrics-port` listener: GET /metrics, and 404 for anything else."""
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
-            status, body, kind = 200, render(await dataplane.metric_families()), CONTENT_TYPE
-        else:
-            status, body, kind = 404, b'{"error":"not found: this listener serves GET /metrics"}', "application/json"
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", kind.encode()), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
-async def _shutdown(
-    settings: Settings, http: _Uvicorn | None, http_task: asyncio.Task[None] | None, grpc_server: grpc.Server | None
-) -> None:
-    """Stop both transports together: no new connections or calls, in-flight ones finish within the grace."""
-    steps: list[Awaitable[Any]] = []
-    if http is not None and http_task is not None:
-        http.should_exit = True
-        steps.append(http_task)
-    if grpc_server is not None:
-        stopped = grpc_server.stop(settings.graceful_shutdown_seconds)  # a threading.Event, set once drained
-        steps.append(asyncio.get_running_loop().run_in_executor(None, stopped.wait))
-    for result in await asyncio.gather(*steps, return_exceptions=True):
-        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-            log.error("error while stopping", exc_info=result)
-
-
-# --- command line ---------------------------------------------------------------------------------------------
 
 
 def _port(text: str) -> int | None:
@@ -393,8 +76,6 @@ def _workers(text: str) -> str:
 
 
 def worker_count(value: str) -> int:
-    from .supervisor import cpu_count
-
     return cpu_count() if value == "auto" else int(value)
 
 
@@ -528,37 +209,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
-# glibc's malloc serves every allocation of 128 KiB and more with fresh pages from mmap and unmaps them on free,
-# so each request with large tensors page-faults its bodies and buffers in again: measured on 1M-element FP32
-# identities, 4 MB over REST binary cost 7 ms of CPU per inference, 80% of it in the kernel, against 2 ms with
-# the memory kept for reuse (and 117 against 89 ms over REST JSON). Allocations up to 32 MiB (glibc's upper
-# bound) come from the heap instead, and up to 128 MiB of freed heap is kept for the next request. One heap
-# (arena) for all threads: the buffers grpc's thread frees are reused by the event loop's (peak memory of a 4 MB
-# gRPC raw identity: +30 MiB over a fresh server with one arena, +38 MiB with two, +60 MiB with glibc's default
-# of 8 per core; small requests cost the same).
-_MMAP_THRESHOLD: Final = 32 * 1024 * 1024
-_TRIM_THRESHOLD: Final = 128 * 1024 * 1024
-_ARENA_MAX: Final = 1
-
-
-def tune_allocator() -> bool:
-    """Keep large buffers on the C heap between requests, in one arena (glibc only; the
-    MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX environment variables, when set, win).
-    Whether it was done."""
-    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8  # <malloc.h>
-    return all(
-        mallopt(option, value)
-        for option, value in ((m_arena_max, _ARENA_MAX), (m_mmap_threshold, _MMAP_THRESHOLD),
-                              (m_trim_threshold, _TRIM_THRESHOLD))
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     """Serve with the options `build_parser` parsed; the exit status."""
     settings = settings_from_args(args)
@@ -568,22 +218,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workers = worker_count(args.workers)
     if workers > 1:
-        from .supervisor import supervise
-
-        return supervise(args, workers)
+        return supervise(args, workers, run_worker)
     return _serve_process(args, settings)
 
 
 def run_worker(args: argparse.Namespace, worker: WorkerRole) -> int:
-    """One worker of `--workers N` (started by the supervisor): serve on the shared ports; the exit status."""
-    settings = settings_from_args(args)
-    settings.reuse_port = True
-    return _serve_process(args, settings, worker)
+    """One worker of `--workers N` (what the supervisor runs in each worker process): serve on the shared ports;
+    the exit status."""
+    return _serve_process(args, dataclasses.replace(settings_from_args(args), reuse_port=True), worker)
 
 
 def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
     if tune_allocator():
-        log.debug("allocator: buffers up to %d bytes stay on the heap", _MMAP_THRESHOLD)
+        log.debug("allocator: buffers up to %d bytes stay on the heap", MMAP_THRESHOLD)
     try:
         with _runner() as runner:
             runner.run(serve(settings, ports_file=args.ports_file, worker=worker))

@@ -1,4 +1,5 @@
-"""`serve --workers N`: N server processes on the same ports, under one supervising process.
+"""`serve --workers N`: N server processes on the same ports, under one supervising process, which is handed what
+each of them runs (`supervise(args, count, target)`: `main.run_worker`) and never imports the command line.
 
 The supervisor reserves the REST and gRPC ports (a port of 0 becomes a free one), makes a private folder for the
 workers' control sockets (`cluster.py`) and starts N workers, each a full server (data plane, models, both
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -25,28 +25,26 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-__all__ = ["WorkerRole", "cpu_count", "supervise"]
+from ..observe.logs import configure_logging
+from .cluster import WorkerRole, socket_path
+from .sockets import Ports, SignalLatch, bound_socket, write_ports_file
+
+__all__ = ["Target", "cpu_count", "supervise"]
+
+Target = Callable[[argparse.Namespace, WorkerRole], int]
+"""What a worker process runs, given the options and its role; its exit status (`main.run_worker`). A module's
+function: the spawned process imports it by name."""
 
 log = logging.getLogger(__name__)
 
 _RESTARTS: Final = 5  # a worker that dies this many times within _RESTART_WINDOW seconds stops the server
 _RESTART_WINDOW: Final = 60.0
 _POLL: Final = 0.2
-
-
-@dataclass(frozen=True)
-class WorkerRole:
-    """What makes a server process one worker of several."""
-
-    index: int
-    folder: Path  # the control sockets and ready files of all workers
-    key: bytes  # authenticates calls between workers
-    copy_state: bool  # restarted: take the control-plane state of a running worker before listening
 
 
 def cpu_count() -> int:
@@ -59,8 +57,6 @@ def cpu_count() -> int:
 
 def _reserve(host: str, port: int) -> socket.socket:
     """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too."""
-    from .main import bound_socket
-
     return bound_socket(host, port, reuse_port=True)
 
 
@@ -70,26 +66,25 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
-def _worker_main(args: argparse.Namespace, role: WorkerRole, log_format: str) -> None:
+def _worker_main(target: Target, args: argparse.Namespace, role: WorkerRole, log_format: str) -> None:
     """The entry point of a worker process (spawned: a fresh interpreter)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor passes Ctrl-C on as SIGTERM
-    from .main import configure_logging, run_worker
-
     configure_logging(args.log_level, log_format)
-    raise SystemExit(run_worker(args, role))
+    raise SystemExit(target(args, role))
 
 
 class _Supervisor:
-    def __init__(self, args: argparse.Namespace, count: int) -> None:
+    def __init__(self, args: argparse.Namespace, count: int, target: Target) -> None:
         self.args = args
         self.count = count
+        self.target = target
         self.folder = Path(tempfile.mkdtemp(prefix="oip-workers-"))  # mode 0700
         self.key = os.urandom(32)
         self.context = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
         self.restarts: dict[int, list[float]] = {i: [] for i in range(count)}
-        self.signals: list[int] = []
+        self.signals = SignalLatch(self.draining, self.killing)
         self.metrics_port: int | None = None
 
     def ready_file(self, index: int) -> Path:
@@ -102,7 +97,8 @@ class _Supervisor:
         args.ports_file = self.ready_file(index)
         role = WorkerRole(index, self.folder, self.key, copy_state)
         process = self.context.Process(
-            target=_worker_main, args=(args, role, self.args.log_format), name=f"oip-worker-{index}", daemon=False
+            target=_worker_main, args=(self.target, args, role, self.args.log_format), name=f"oip-worker-{index}",
+            daemon=False,
         )
         process.start()
         self.workers[index] = process
@@ -113,29 +109,19 @@ class _Supervisor:
         return all(self.ready_file(i).exists() for i in range(self.count))
 
     def write_ports_file(self, http: int | None, grpc: int | None) -> None:
-        if self.args.ports_file is None:
-            return
-        path = Path(self.args.ports_file)
-        doc: dict[str, Any] = {"http": http, "grpc": grpc}
-        if self.metrics_port is not None:
-            doc["metrics"] = self.metrics_port
-        doc["workers"] = [self.workers[i].pid for i in range(self.count)]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        if self.args.ports_file is not None:
+            write_ports_file(Path(self.args.ports_file), Ports(http, grpc, self.metrics_port),
+                             workers=[self.workers[i].pid for i in range(self.count)])
 
-    def on_signal(self, sig: int, _frame: Any) -> None:
-        self.signals.append(sig)
-        if len(self.signals) == 1:
-            log.info("received %s: draining every worker, then stopping", signal.Signals(sig).name)
-            return
-        log.warning("received %s again: killing the workers now", signal.Signals(sig).name)
+    def draining(self, name: str) -> None:
+        log.info("received %s: draining every worker, then stopping", name)
+
+    def killing(self, name: str) -> None:
+        log.warning("received %s again: killing the workers now", name)
         for process in self.workers.values():
             with contextlib.suppress(OSError):
                 if process.pid is not None:
                     os.kill(process.pid, signal.SIGKILL)
-        logging.shutdown()
-        os._exit(128 + sig)
 
     def wait(self, timeout: float) -> list[int]:
         """Wait up to `timeout` for a worker to exit; the indexes of the workers that are not alive."""
@@ -156,7 +142,7 @@ class _Supervisor:
         if len(recent) > _RESTARTS:
             log.error("worker %d died %d times within %.0fs: stopping", index, len(recent), _RESTART_WINDOW)
             return False
-        (self.folder / f"worker-{index}.sock").unlink(missing_ok=True)
+        socket_path(self.folder, index).unlink(missing_ok=True)
         self.start(index, copy_state=True)
         return True
 
@@ -195,12 +181,12 @@ class _Supervisor:
                 reserved.append(_reserve(settings_host, self.args.metrics_port))
                 self.metrics_port = self.args.metrics_port = int(reserved[-1].getsockname()[1])
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self.on_signal)
+                signal.signal(sig, self.signals)
             for index in range(self.count):
                 self.start(index, copy_state=False)
             while not self.all_ready():
                 dead = self.wait(_POLL)
-                if self.signals:
+                if self.signals.received:
                     return 0 if self.stop() else 1
                 if dead:
                     log.error("worker %s exited while starting: stopping", ", ".join(map(str, dead)))
@@ -209,9 +195,9 @@ class _Supervisor:
             self.write_ports_file(http, grpc)
             log.info("serving with %d workers (REST port %s, gRPC port %s)", self.count, http, grpc)
             starting: set[int] = set()  # restarted, not yet listening: the ports file names them once they listen
-            while not self.signals:
+            while not self.signals.received:
                 for index in self.wait(_POLL):
-                    if self.signals:
+                    if self.signals.received:
                         break
                     if not self.restart(index):
                         self.stop()
@@ -229,10 +215,10 @@ class _Supervisor:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def supervise(args: argparse.Namespace, count: int) -> int:
-    """Run `count` workers with the options `args` until a signal; the exit status."""
+def supervise(args: argparse.Namespace, count: int, target: Target) -> int:
+    """Run `count` workers, each running `target` with the options `args`, until a signal; the exit status."""
     try:
-        return _Supervisor(args, count).run()
+        return _Supervisor(args, count, target).run()
     except OSError as exc:
         log.error("%s", exc)
         return 1

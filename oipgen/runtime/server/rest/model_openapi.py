@@ -18,8 +18,8 @@ from ...grpc import grpc_service_pb2 as pb
 from ..core import generate, validation
 from ..core.dataplane_base import TENSOR_OPERATIONS
 from ..core.streaming import EMPTY_FINAL
+from .document import DOCUMENT
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS
-from .openapi import DOCUMENT
 
 __all__ = ["MODEL_ENDPOINTS", "model_document"]
 
