@@ -23,7 +23,7 @@ from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError
 from oip.server.grpc import decode_infer_request, encode_infer_response
 from oip.server.grpc.in_thread import UnaryInfer
 from oip.server.model import DynamicBatching
-from oip.server.observe.events import InferenceRecord, Observer
+from oip.server.observe.events import ExecutionRecord, InferenceRecord, Observer
 
 Arrays = dict[str, npt.NDArray[Any]]
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -229,23 +229,36 @@ def test_what_the_lean_way_does_not_take_is_left_untouched(case: str) -> None:
     assert dp.metrics is not None and not any(dp.metrics.pending.values())
 
 
-def test_another_observer_sends_requests_the_general_way() -> None:
-    dp = plane()
+def test_any_observer_is_told_on_the_lean_way_as_on_the_general_way() -> None:
+    """An observer of its own (not one the server makes) is told about a request the lean way answers, and one
+    it fails, exactly what the general way tells it: the lean way reports through the observers' one interface."""
+    dp = plane(Answers("failing", lambda i: 1 / 0))
     lean = lean_way(dp)
-    assert lean(request()) is not None
 
     class Seen(Observer):
         def __init__(self) -> None:
-            self.records: list[InferenceRecord] = []
+            self.told: list[tuple[Any, ...]] = []
 
         def request_finished(self, record: InferenceRecord) -> None:
-            self.records.append(record)
+            self.told.append(("request", record.model, record.version, record.batch_size, record.error_kind,
+                              [span.phase for span in record.spans], record.total_ns > 0))
+
+        def execution_finished(self, record: ExecutionRecord) -> None:
+            self.told.append(("execution", record.model, record.version, record.batch_size))
 
     seen = Seen()
     dp.observers.append(seen)
-    assert lean(request()) is None  # the general way tells it
-    general(dp, request())
-    assert len(seen.records) == 1
+    assert lean(request(id="lean")) is not None
+    lean_told = list(seen.told)
+    general(dp, request(id="general"))
+    assert lean_told and seen.told[len(lean_told):] == lean_told
+    seen.told.clear()
+    failing = request("failing", {"IN": np.ones(2, dtype=np.float32)})
+    with pytest.raises(ModelFailure):
+        lean(failing)
+    lean_told = list(seen.told)
+    assert isinstance(general(dp, failing), ModelFailure)
+    assert lean_told and seen.told[len(lean_told):] == lean_told
     dp.observers.remove(seen)
     assert lean(request()) is not None
 

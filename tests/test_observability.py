@@ -868,7 +868,7 @@ def test_the_running_request_is_current_without_attaching(monkeypatch: pytest.Mo
     import contextvars
 
     from oip.server.observe import tracing
-    from oip.server.observe.events import Timer, notify_started
+    from oip.server.observe.events import Observers, Timer
     from opentelemetry import context, trace
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
     from opentelemetry.sdk.trace import TracerProvider
@@ -881,7 +881,7 @@ def test_the_running_request_is_current_without_attaching(monkeypatch: pytest.Mo
         variable = context._RUNTIME_CONTEXT._current_context  # what attaching sets
         before = variable.get()
         timer = Timer("id", None, "rest")
-        notify_started((observer,), timer, "simple", "1")
+        Observers([observer]).request_started(timer, "simple", "1")
         traced = timer.state["otel"]
         during = trace.get_current_span().get_span_context()
         attached = variable.get() is not before
@@ -946,7 +946,7 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
     span gets (sampled or not, trace state) is what the sampler answers, for a root, a remote parent sampled or
     not (with a trace state), and a local parent sampled or not; any other sampler is asked."""
     from oip.server.observe import tracing
-    from oip.server.observe.events import Timer, notify_started
+    from oip.server.observe.events import Observers, Timer
     from opentelemetry import context, trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import _KNOWN_SAMPLERS
@@ -968,7 +968,7 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
                 parent = observer.propagator.extract(caller) if caller else context.get_current()
                 expected = sampler.should_sample(parent, 1, "ModelInfer simple", trace.SpanKind.SERVER, {})
                 timer = Timer("id", caller, "grpc")
-                notify_started((observer,), timer, "simple", "1")  # as the pipeline starts a request
+                Observers([observer]).request_started(timer, "simple", "1")  # as the pipeline starts a request
                 traced = timer.state["otel"]
                 assert traced.sampled == expected.decision.is_sampled(), (caller, current)
                 assert traced.trace_state == expected.trace_state, (caller, current)

@@ -35,7 +35,6 @@ serialized by a lock per model, and an instance is unloaded only after its in-fl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import importlib.machinery
 import importlib.util
@@ -46,10 +45,9 @@ import sys
 import threading
 import tomllib
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final
 
 from ..errors import ModelFailure, NotFound, NotReady, OipError
@@ -123,24 +121,6 @@ class _Record:
         self.modules: dict[int, list[str]] = {}  # generation -> module names in sys.modules
 
 
-class _Lease:
-    """`async with repository.lease(name, version) as model`: the model, kept from unloading until exit."""
-
-    __slots__ = ("_model", "_repository")
-
-    def __init__(self, repository: ModelRepository, model: Model) -> None:
-        self._repository = repository
-        self._model = model
-
-    async def __aenter__(self) -> Model:
-        return self._model
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._repository.release(self._model)
-
-
 class ModelRepository:
     """The models a server serves, by name and version."""
 
@@ -150,7 +130,7 @@ class ModelRepository:
             raise ValueError(f"model repository {self.path} is not a directory")
         self._records: dict[str, _Record] = {}
         self._inflight: dict[int, int] = {}  # id(model) -> requests running on it
-        # Unloads waiting for a model's requests to finish, with the loop each waits on (gRPC threads lease too).
+        # Unloads waiting for a model's requests to finish, with the loop each waits on (gRPC threads hold too).
         self._drained: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
         self._lease_lock = threading.Lock()
 
@@ -474,24 +454,9 @@ class ModelRepository:
             raise NotReady(f"Request for unknown model: '{name}' has no available versions")
         return best.model
 
-    def lease(self, name: str, version: str = "") -> _Lease:
-        """`get`, as an async context manager that keeps the instance from being unloaded until it exits."""
-        model = self.get(name, version)
-        self.acquire(model)
-        return _Lease(self, model)
-
-    @contextlib.contextmanager
-    def lease_in_thread(self, name: str, version: str = "") -> Iterator[Model]:
-        """`lease` for code running outside the event loop (the gRPC server's threads)."""
-        model = self.get(name, version)
-        self.acquire(model)
-        try:
-            yield model
-        finally:
-            self.release(model)
-
     def acquire(self, model: Model) -> None:
-        """Keep the instance `model` (from `get`) from being unloaded until `release` (`lease` does both)."""
+        """Keep the instance `model` (from `get`) from being unloaded until `release` (an inference holds it so:
+        `accounting.Inference`)."""
         key = id(model)
         with self._lease_lock:
             self._inflight[key] = self._inflight.get(key, 0) + 1

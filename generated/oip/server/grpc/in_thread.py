@@ -7,61 +7,54 @@ from the parsed message straight to the reply's bytes.
 
 The general way (`Pipeline.infer_in_thread`) builds the data plane's request, runs it through every check and
 observer, and encodes its response through protobuf; for a small request to a small model that work costs more
-than the transport. `UnaryInfer` answers the common request with the same checks, statistics, metrics and
-errors, doing only what that request needs:
+than the transport. `UnaryInfer` answers the common request with the same checks, accounting and errors, doing
+only what that request needs:
 
 - the request: no parameters (on the request, an input or an output), every input's data in
   `raw_input_contents` (no typed contents, no shared memory), each input declared, once, with its declared
-  datatype (a fixed-size one other than BOOL) and a shape that fits its declaration and the element limit, the
-  raw entry exactly the bytes that shape needs; requested outputs known, not repeated, with no parameters;
+  datatype (a fixed-size one other than BOOL) and a shape that fits its declaration and the element limit (the
+  rule and the check of every way: `validation.shape_fits`, `validation.tensor_elements`), the raw entry exactly
+  the bytes that shape needs; requested outputs known, not repeated, with no parameters;
 - the model: ready, a plain `infer` that neither batches (`max_batch_size` 0) nor is decoupled (what it takes is
-  worked out once per model instance, `_Plan`);
-- the observers: only the statistics extension, the metrics and tracing (`statistics.Statistics`,
-  `metrics.Metrics`, `tracing.Tracing`): the statistics are updated directly (the metrics count nothing of a
-  successful request here: its answer is counted by the transport, its pending time by the repository); tracing
-  is told that the request started (with the caller's trace context, before the model runs, so the model's own
-  spans are its children) and finished, with the phases' timestamps this way took anyway (any other observer
-  takes the general way).
+  worked out once per model instance, `_Plan`).
+
+It enters and leaves through the same construct as every way (`accounting.Inference`), noting the moments the
+general way's timer would take (compute_input up to the wait for a slot, queue, the model as compute_infer, then
+the outputs as compute_output): the observers are told of a success by those moments (`Observer.ran_alone`, which
+the statistics and tracing take as they are, and any other observer as the record the general way would give),
+of a failure by its record. A timer is made only when an observer listens to a request's start (tracing: the
+caller's trace context is its parent, and the request's span is current while the model runs) or the request has
+an id (log lines name it).
 
 Any other request takes the general way (`__call__` returns None before anything happened), which answers it
 or refuses it with the usual error. Inputs are numpy views of the received bytes (read-only, as on the general
 way); the model runs in one of `Settings.model_threads` slots; an output that is an array of its declared
 datatype and shape is written as it is, anything else (another dtype to convert, response parameters, a wrong
 answer) goes through the pipeline's `finish` and the transport's encoder, which check and refuse it as always.
-The phases are timed as the pipeline times them: compute_input up to the wait for a slot (queue), the model
-(compute_infer), then the outputs (compute_output).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 import grpc
 import numpy as np
 
-from ... import datatypes
+from ... import codec, datatypes
 from ...grpc import grpc_service_pb2 as pb
-from ...grpc.wire import varint
+from ...grpc.wire import ONE_BYTE_VARINTS, varint
+from ..core.accounting import Inference
 from ..core.batching import is_batching
-from ..core.pipeline import Pipeline, PreparedRequest, call_in_thread, failure, runs_alone
+from ..core.invoke import call_in_thread, runs_alone
+from ..core.pipeline import Pipeline, PreparedRequest
+from ..core.validation import shape_fits, tensor_elements
 from ..errors import OipError
 from ..model import Model, TensorSpec
-from ..observe.events import (
-    COMPUTE_INFER,
-    COMPUTE_INPUT,
-    COMPUTE_OUTPUT,
-    QUEUE,
-    InferenceRecord,
-    Timer,
-    notify_started,
-    set_current,
-)
-from ..observe.metrics import Metrics
-from ..observe.statistics import Statistics
-from ..observe.tracing import Tracing, carrier
+from ..observe.events import Timer
+from ..observe.tracing import carrier
 from ..settings import Settings
 from ..types import InferRequest, InferResponse
 from .infer_codec import InferCodec, InferWire, Malformed, message_size
@@ -83,25 +76,10 @@ _LEAN_DATATYPES: Final = frozenset(
 _MAX_HEADERS: Final = 4096  # serialized output headers kept per model (name, datatype, shape)
 
 
-def _fits(shape: Sequence[int], declared: Sequence[int]) -> bool:
-    """Whether `shape` is one the declared shape allows (-1: any size)."""
-    if len(shape) != len(declared):
-        return False
-    return all(d == s or (s == -1 and d >= 0) for d, s in zip(shape, declared, strict=True))
-
-
-_SIZES: Final = [varint(n) for n in range(1 << 12)]
-
-
-def _size(n: int) -> bytes:
-    """The varint of a length."""
-    return _SIZES[n] if n < 4096 else varint(n)
-
-
 class _Input:
-    __slots__ = ("datatype", "dtype", "fixed", "index", "itemsize", "shape")
+    __slots__ = ("datatype", "dtype", "elements", "fixed", "index", "itemsize", "shape")
 
-    def __init__(self, index: int, spec: TensorSpec) -> None:
+    def __init__(self, index: int, spec: TensorSpec, limit: int) -> None:
         info = datatypes.BY_NAME[spec.datatype]
         self.index = index
         self.datatype = spec.datatype
@@ -109,14 +87,22 @@ class _Input:
         self.itemsize = info.size
         self.shape = list(spec.shape)
         self.fixed = -1 not in self.shape
+        # A fixed shape's element count, checked once (the header check every request of that shape gets); None:
+        # over the limit (such a request takes the general way, which refuses it).
+        self.elements: int | None = None
+        if self.fixed:
+            try:
+                self.elements = tensor_elements(spec.name, self.shape, limit)
+            except OipError:
+                self.elements = None
 
 
 class _Plan:
     """What a request to one model instance takes on the lean way."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, limit: int) -> None:
         self.model = model
-        self.inputs = {spec.name: _Input(i, spec) for i, spec in enumerate(model.inputs)}
+        self.inputs = {spec.name: _Input(i, spec, limit) for i, spec in enumerate(model.inputs)}
         self.names = [spec.name for spec in model.inputs]
         self.outputs = {spec.name: spec for spec in model.outputs}
         self.all_outputs = list(model.outputs)
@@ -138,14 +124,12 @@ class _Plan:
         )
 
     def header(self, spec: TensorSpec, shape: tuple[int, ...]) -> bytes:
-        """An output's serialized InferOutputTensor, framed as an entry of the response's `outputs`."""
-        key = (spec.name, shape)
-        header = self.headers.get(key)
-        if header is None:
-            body = _OUTPUT(name=spec.name, datatype=spec.datatype, shape=shape).SerializeToString()
-            header = _OUTPUTS_TAG + varint(len(body)) + body
-            if len(self.headers) < _MAX_HEADERS:
-                self.headers[key] = header
+        """An output's serialized InferOutputTensor, framed as an entry of the response's `outputs` (made on the
+        first answer of that shape: `headers` has it after)."""
+        body = _OUTPUT(name=spec.name, datatype=spec.datatype, shape=shape).SerializeToString()
+        header = _OUTPUTS_TAG + varint(len(body)) + body
+        if len(self.headers) < _MAX_HEADERS:
+            self.headers[spec.name, shape] = header
         return header
 
 
@@ -169,7 +153,7 @@ class UnaryInfer:
         known = self._plans.get(key)
         if known is not None and known[0] is model:
             return known[1]
-        plan = _Plan(model) if _Plan.allows(model) else None
+        plan = _Plan(model, self.settings.max_tensor_elements) if _Plan.allows(model) else None
         with self._lock:
             if len(self._plans) > 1024:  # names that came and went
                 self._plans.clear()
@@ -183,16 +167,6 @@ class UnaryInfer:
         start = time.perf_counter_ns()
         if message.parameters:
             return None
-        statistics: Statistics | None = None
-        tracing: Tracing | None = None
-        for observer in self.pipeline.observers:
-            kind = type(observer)
-            if kind is Statistics:
-                statistics = observer  # type: ignore[assignment]
-            elif kind is Tracing:
-                tracing = observer  # type: ignore[assignment]
-            elif kind is not Metrics:  # the metrics count nothing here (the repository counts pending requests)
-                return None
         plan = self._plan(message.model_name, message.model_version)
         if plan is None:
             return None
@@ -202,42 +176,19 @@ class UnaryInfer:
         wanted = self._outputs(plan, message)
         if wanted is None:
             return None
-        model = plan.model
-        repository = self.pipeline.repository
-        timer: Timer | None = None
-        if tracing is not None:
-            timer = Timer(message.id, trace, "grpc")
-            notify_started((tracing,), timer, model.name, model.version)  # the timer is the current one too
-        else:
-            set_current(Timer(message.id) if message.id else None)
-        repository.acquire(model)
-        try:
-            queued = started = ended = 0
+        pipeline = self.pipeline
+        observers, slots, request_id = pipeline.observers, pipeline.model_slots, message.id
+        timer = Timer(request_id, trace, "grpc") if observers.starting or request_id else None
+        with Inference(pipeline.repository, observers, plan.model, timer, request_id, start) as run:
+            run.queued = time.perf_counter_ns()
+            slots.take()
             try:
-                queued = time.perf_counter_ns()
-                with self.pipeline.model_slots:
-                    started = time.perf_counter_ns()
-                    result = call_in_thread(model, arrays, {})
-                    ended = time.perf_counter_ns()
-                reply = self._reply(plan, message, arrays, wanted, result)
-            except BaseException as exc:
-                self._failed(plan, message, start, queued, started, ended, exc, timer)
-                raise
-        finally:
-            repository.release(model)
-        done = time.perf_counter_ns()
-        if statistics is not None:
-            statistics.for_model(model.name, model.version).record_alone(
-                queue_ns=started - queued, compute_input_ns=queued - start, compute_infer_ns=ended - started,
-                compute_output_ns=done - ended, total_ns=done - start,
-            )
-        if timer is not None and tracing is not None:
-            marks = ((COMPUTE_INPUT, start, queued), (QUEUE, queued, started), (COMPUTE_INFER, started, ended),
-                     (COMPUTE_OUTPUT, ended, done))
-            offset = timer.start_unix - timer.start
-            tracing.finished(timer.state, model.name, model.version, message.id, "OK", "", start + offset,
-                             done + offset, marks, offset)
-        return reply
+                run.started = time.perf_counter_ns()
+                result = call_in_thread(plan.model, arrays, {})
+                run.ended = time.perf_counter_ns()
+            finally:
+                slots.give(None)
+            return self._reply(plan, message, arrays, wanted, result)
 
     @staticmethod
     def _inputs(plan: _Plan, message: Any, limit: int) -> dict[str, Any] | None:
@@ -255,15 +206,16 @@ class UnaryInfer:
                 return None
             shape = tensor.shape[:]
             if spec.fixed:
-                if shape != spec.shape:
+                elements = spec.elements
+                if shape != spec.shape or elements is None:
                     return None
-            elif not _fits(shape, spec.shape):
+            elif not shape_fits(spec.shape, shape):
                 return None
-            elements = 1
-            for d in shape:
-                elements *= d
-            if elements > limit:
-                return None
+            else:
+                try:
+                    elements = tensor_elements(tensor.name, shape, limit)
+                except (OipError, codec.CodecError):
+                    return None
             data = raw[i]
             if len(data) != elements * spec.itemsize:
                 return None
@@ -291,49 +243,26 @@ class UnaryInfer:
             if request_id:
                 parts.append(_RESPONSE(id=request_id).SerializeToString())
             raws: list[bytes] = []
+            headers = plan.headers
             for spec in wanted:
                 value = result.get(spec.name)
                 if type(value) is not np.ndarray or value.dtype != plan.dtypes.get(spec.name):
                     break
                 shape = value.shape
                 declared = plan.shapes[spec.name]
-                if shape != declared and not _fits(shape, declared):
+                if shape != declared and not shape_fits(declared, shape):
                     break
-                parts.append(plan.header(spec, shape))
+                header = headers.get((spec.name, shape))
+                parts.append(header if header is not None else plan.header(spec, shape))
                 data = value.tobytes()
-                raws += (_RAW_TAG, _size(len(data)), data)
+                size = len(data)
+                raws += (_RAW_TAG, ONE_BYTE_VARINTS[size] if size < 0x80 else varint(size), data)
             else:
                 return b"".join(parts + raws)
         # Anything else: checked, converted or refused as the pipeline does, encoded by the transport.
         request = InferRequest(model_name=message.model_name, model_version=message.model_version, id=message.id)
         prepared = PreparedRequest(arrays, wanted, {}, {}, 1, {})
         return self.encode(self.pipeline.finish(plan.model, request, prepared, result, {}))
-
-    def _failed(self, plan: _Plan, message: Any, start: int, queued: int, started: int, ended: int,
-                exc: BaseException, timer: Timer | None) -> None:
-        """Report a request that failed once its model was known; the phases it went through (a phase it never
-        reached has no span, as on the general way)."""
-        now = time.perf_counter_ns()
-        offset = time.time_ns() - now
-        marks: list[tuple[str, int, int]] = [(COMPUTE_INPUT, start, queued or now)]
-        if queued:
-            marks.append((QUEUE, queued, started or now))
-        if started:
-            marks.append((COMPUTE_INFER, started, ended or now))
-        if ended:
-            marks.append((COMPUTE_OUTPUT, ended, now))
-        queued = queued or now
-        started = started or now
-        ended = ended or now
-        record = InferenceRecord(
-            model=plan.model.name, version=plan.model.version, request_id=message.id, batch_size=1,
-            error=failure(exc), queue_ns=started - queued, compute_input_ns=queued - start,
-            compute_infer_ns=ended - started, compute_output_ns=now - ended, total_ns=now - start,
-            start_ns=start + offset, marks=tuple(marks), offset_ns=offset,
-            state=timer.state if timer is not None else None,
-        )
-        self.pipeline.report(record)
-
 
 
 def in_thread(

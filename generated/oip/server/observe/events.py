@@ -2,9 +2,10 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""The inference timer and what it reports to: one `Timer` per request, `Observer`s told about every outcome.
+"""What inference reports, and to whom: one `Timer` per request, `Observer`s told about every outcome, all of a
+data plane's observers as one (`Observers`).
 
-The pipeline (`pipeline`) moves a request through four phases, named as Triton's statistics extension names them:
+The pipeline (`core.pipeline`) moves a request through four phases, named as Triton's statistics extension names them:
 `compute_input` (checking the request and preparing its inputs, a batch's merge included), `queue` (waiting to
 run: for a worker thread, or for a dynamic batch to form), `compute_infer` (the model) and `compute_output`
 (checking and converting what the model returned, classification and shared memory included). The timer enters
@@ -18,7 +19,12 @@ data plane; every run of a model (one per request, or one per batch under dynami
 `ExecutionRecord`. The statistics extension (`statistics.Statistics`) is such an observer; metrics and tracing
 subscribe the same way (`DataPlane.observers`). Observers are called on the event loop or in a gRPC server thread
 (a request that runs there wholly): they must be quick and thread-safe; an exception in one is logged and
-otherwise ignored.
+otherwise ignored. Every way an inference runs reports through one construct (`core.accounting.Inference`), and
+the observers as one composite (`Observers`), which calls each observer only for what it listens to.
+
+The lean gRPC way (`grpc.in_thread.UnaryInfer`) times a successful request by five moments instead of a timer and
+reports them as they are (`Observer.ran_alone`): an observer may take them directly (the statistics do, and
+tracing); by default they become the request's record, as on every other way.
 
 Observers are also told when a request starts (`request_started`, once its model version is known), with the
 request's timer: `Timer.state` holds what an observer keeps for the request until it finishes (a trace span), and
@@ -31,7 +37,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -46,14 +52,12 @@ __all__ = [
     "ExecutionRecord",
     "InferenceRecord",
     "Observer",
+    "Observers",
     "Span",
     "Timer",
     "current",
     "execution_of",
-    "notify_execution",
-    "notify_ran_alone",
-    "notify_request",
-    "notify_started",
+    "ignore",
     "set_current",
 ]
 
@@ -130,6 +134,29 @@ class InferenceRecord:
         self._offset = offset_ns
         self._spans: tuple[Span, ...] | None = None
 
+    @classmethod
+    def from_marks(
+        cls, model: str, version: str, request_id: str, error: OipError | None, start: int, queued: int,
+        started: int, ended: int, done: int, timer: Timer | None = None,
+    ) -> InferenceRecord:
+        """The record of a request that ran alone, timed by moments on `time.perf_counter_ns`'s clock (the lean
+        gRPC way): `start`, then `queued` (waiting for a slot), `started` and `ended` (the model), `done`; a moment
+        the request never reached is 0 (a failure), and so is the phase it would have begun (no span), as on the
+        general way. `timer` (when there is one) gives the observers' state and the clock's offset."""
+        marks: list[tuple[str, int, int]] = [(COMPUTE_INPUT, start, queued or done)]
+        if queued:
+            marks.append((QUEUE, queued, started or done))
+        if started:
+            marks.append((COMPUTE_INFER, started, ended or done))
+        if ended:
+            marks.append((COMPUTE_OUTPUT, ended, done))
+        queued, started, ended = queued or done, started or done, ended or done
+        offset = timer.start_unix - timer.start if timer is not None else time.time_ns() - time.perf_counter_ns()
+        return cls(
+            model, version, request_id, 1, error, started - queued, queued - start, ended - started, done - ended,
+            done - start, start + offset, tuple(marks), offset, None, timer.state if timer is not None else None,
+        )
+
     @property
     def spans(self) -> tuple[Span, ...]:
         """The phases in the order the request went through them (at most MAX_SPANS), in wall-clock time."""
@@ -176,7 +203,7 @@ class ExecutionRecord:
 
 class Observer:
     """Told about every inference request and model run of a data plane (`DataPlane.observers`). Override what
-    you need; both methods do nothing here."""
+    you need; what is not overridden is never called (`Observers`)."""
 
     def request_started(self, timer: Timer, model: str, version: str) -> None:
         """A request reached its model version: it will finish, and be told about, exactly once."""
@@ -193,6 +220,25 @@ class Observer:
         plain request takes; override it to do both more cheaply."""
         self.execution_finished(execution_of(record))
         self.request_finished(record)
+
+    def ran_alone(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                  started: int, ended: int, done: int) -> None:
+        """`request_ran_alone` of a request timed by its moments (the lean gRPC way; see
+        `InferenceRecord.from_marks`; `timer` is None when no observer listens to `request_started` and the request
+        has no id). Here: `request_ran_alone` with the record made of them; override it to take the moments as
+        they are."""
+        self.request_ran_alone(
+            InferenceRecord.from_marks(model, version, request_id, None, start, queued, started, ended, done, timer)
+        )
+
+
+def _ignored(self: Observer, *args: Any) -> None:
+    """A hook this observer does not listen to: never called."""
+
+
+ignore: Final[Any] = _ignored
+"""What a hook of `Observer` is set to in an observer that does not listen to it, though a default would do
+something (`ran_alone = ignore`): never called, as a hook not overridden."""
 
 
 class Timer:
@@ -261,38 +307,9 @@ def current() -> Timer | None:
     return _CURRENT.get()
 
 
-def notify_started(observers: Iterable[Observer], timer: Timer, model: str, version: str) -> None:
-    """Make `timer` the current request's and tell every observer it started; exceptions are logged."""
-    _CURRENT.set(timer)
-    for observer in observers:
-        try:
-            observer.request_started(timer, model, version)
-        except Exception:
-            log.exception("observer %r failed on a started request", observer)
-
-
 def set_current(timer: Timer | None) -> None:
     """Make `timer` the current request's (None: no request) in this context."""
     _CURRENT.set(timer)
-
-
-def notify_request(observers: Iterable[Observer], record: InferenceRecord) -> None:
-    """Tell every observer about a finished request; an observer's exception is logged, never raised."""
-    for observer in observers:
-        try:
-            observer.request_finished(record)
-        except Exception:
-            log.exception("observer %r failed on a finished request", observer)
-
-
-def notify_ran_alone(observers: Iterable[Observer], record: InferenceRecord) -> None:
-    """Tell every observer about a successful request that ran the model by itself (`Observer.request_ran_alone`);
-    an observer's exception is logged, never raised."""
-    for observer in observers:
-        try:
-            observer.request_ran_alone(record)
-        except Exception:
-            log.exception("observer %r failed on a finished request", observer)
 
 
 def execution_of(record: InferenceRecord) -> ExecutionRecord:
@@ -303,10 +320,99 @@ def execution_of(record: InferenceRecord) -> ExecutionRecord:
     )
 
 
-def notify_execution(observers: Iterable[Observer], record: ExecutionRecord) -> None:
-    """Tell every observer about a finished model run; an observer's exception is logged, never raised."""
-    for observer in observers:
-        try:
-            observer.execution_finished(record)
-        except Exception:
-            log.exception("observer %r failed on a finished model run", observer)
+_HOOKS: Final = ("request_started", "request_finished", "execution_finished", "request_ran_alone", "ran_alone")
+
+
+def _listens(observer: Observer, hook: str) -> bool:
+    """Whether `observer` does something on `hook`: overrides it (not with `ignore`), or keeps a default that calls
+    hooks it overrides."""
+    function = getattr(getattr(observer, hook), "__func__", None)
+    if function is ignore:
+        return False
+    if function is not getattr(Observer, hook):
+        return True
+    if hook == "request_ran_alone":
+        return _listens(observer, "execution_finished") or _listens(observer, "request_finished")
+    if hook == "ran_alone":
+        return _listens(observer, "request_ran_alone")
+    return False
+
+
+class Observers:
+    """A data plane's observers as one: each hook of `Observer`, told to every observer that listens to it (in
+    order; an exception in one is logged and otherwise ignored). A list of observers otherwise: `append`, `insert`,
+    `remove`, iteration."""
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self._observers = list(observers)
+        self._hooks: dict[str, tuple[Callable[..., None], ...]] = {}
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._hooks = {hook: tuple(getattr(o, hook) for o in self._observers if _listens(o, hook)) for hook in _HOOKS}
+        self.starting = bool(self._hooks["request_started"])  # some observer is told when a request starts
+
+    def append(self, observer: Observer) -> None:
+        self._observers.append(observer)
+        self._refresh()
+
+    def insert(self, index: int, observer: Observer) -> None:
+        self._observers.insert(index, observer)
+        self._refresh()
+
+    def remove(self, observer: Observer) -> None:
+        self._observers.remove(observer)
+        self._refresh()
+
+    def __iter__(self) -> Iterator[Observer]:
+        return iter(list(self._observers))
+
+    def __len__(self) -> int:
+        return len(self._observers)
+
+    def __repr__(self) -> str:
+        return f"Observers({self._observers!r})"
+
+    def request_started(self, timer: Timer | None, model: str, version: str) -> None:
+        """Make `timer` the current request's, and tell every observer that listens; None: no request is current
+        here (nobody listens, and the request has nothing to name in log lines)."""
+        _CURRENT.set(timer)
+        if timer is not None:
+            for hook in self._hooks["request_started"]:
+                try:
+                    hook(timer, model, version)
+                except Exception:
+                    log.exception("observer %r failed on a started request", _owner(hook))
+
+    def request_finished(self, record: InferenceRecord) -> None:
+        for hook in self._hooks["request_finished"]:
+            try:
+                hook(record)
+            except Exception:
+                log.exception("observer %r failed on a finished request", _owner(hook))
+
+    def execution_finished(self, record: ExecutionRecord) -> None:
+        for hook in self._hooks["execution_finished"]:
+            try:
+                hook(record)
+            except Exception:
+                log.exception("observer %r failed on a finished model run", _owner(hook))
+
+    def request_ran_alone(self, record: InferenceRecord) -> None:
+        for hook in self._hooks["request_ran_alone"]:
+            try:
+                hook(record)
+            except Exception:
+                log.exception("observer %r failed on a finished request", _owner(hook))
+
+    def ran_alone(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                  started: int, ended: int, done: int) -> None:
+        for hook in self._hooks["ran_alone"]:
+            try:
+                hook(timer, model, version, request_id, start, queued, started, ended, done)
+            except Exception:
+                log.exception("observer %r failed on a finished request", _owner(hook))
+
+
+def _owner(hook: Callable[..., None]) -> object:
+    return getattr(hook, "__self__", hook)

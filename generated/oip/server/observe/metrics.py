@@ -59,7 +59,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..errors import ErrorKind
 from ..settings import Settings
-from .events import InferenceRecord, Observer
+from .events import InferenceRecord, Observer, ignore
 from .statistics import Statistics
 
 __all__ = [
@@ -292,6 +292,9 @@ class Metrics(Observer):
         # Model runs are not counted here (nv_inference_exec_count: the statistics), nor a plain success.
         if record.first_response_ns is not None:
             self.request_finished(record)
+
+    # A success of the lean gRPC way: nothing here (no first response; the statistics count the rest).
+    ran_alone = ignore
 
     # --- the transports -----------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
 """The statistics extension: per model version, what the data plane measured while it served requests.
 
 One `Statistics` registry per data plane (`DataPlane.statistics`) holds a `ModelStats` per (model, version). It
-is an observer of the inference pipeline (`timing.Observer`): every finished request's record (its phases, timed
+is an observer of the inference pipeline (`events.Observer`): every finished request's record (its phases, timed
 by the pipeline's one timer) is counted with `record_request`, every run of a model (one per request, or one per
 batch when requests are batched) with `record_execution`. The counters follow Triton's statistics extension:
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...grpc import grpc_service_pb2 as pb
-from .events import ExecutionRecord, InferenceRecord, Observer
+from .events import ExecutionRecord, InferenceRecord, Observer, Timer
 
 __all__ = ["BatchStats", "Duration", "ModelStats", "Statistics"]
 
@@ -292,4 +292,12 @@ class Statistics(Observer):
         stats.record_request(
             True, record.batch_size, record.queue_ns, record.compute_input_ns, record.compute_infer_ns,
             record.compute_output_ns, record.total_ns,
+        )
+
+    def ran_alone(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                  started: int, ended: int, done: int) -> None:
+        # The moments as they are: no record made (the lean gRPC way's success).
+        self.for_model(model, version).record_alone(
+            queue_ns=started - queued, compute_input_ns=queued - start, compute_infer_ns=ended - started,
+            compute_output_ns=done - ended, total_ns=done - start,
         )

@@ -9,11 +9,12 @@ Every inference request, over ModelInfer, REST or a stream, goes through `Pipeli
 - schedule (`queue`): a model with dynamic batching hands the request to the batcher (`batching`), which merges it
   with others (the merge counts as `compute_input`); any other waits for a worker thread;
 - run (`compute_infer`): the model's `infer`, a plain method in a worker thread or a coroutine on the loop (see
-  `model.call_hook`); its exception becomes ModelFailure with its message, logged with its traceback;
+  `model.call_hook`, `invoke`); its exception becomes ModelFailure with its message, logged with its traceback;
 - finish (`compute_output`): the outputs checked, converted to their declared datatypes and ordered,
   classification applied, outputs placed in shared memory written there.
 
-When the request is done, successfully or not, the timer's record goes to every observer (`timing.Observer`; the
+Each request is held by one `accounting.Inference` from the lease of its model version to its record: when the
+request is done, successfully or not, the timer's record goes to every observer (`observe.events.Observer`; the
 statistics extension is the first), and every model run is reported as an execution: one per request, one per
 batch under dynamic batching.
 
@@ -29,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import logging
-import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,26 +37,15 @@ from typing import Any, Final
 
 import numpy.typing as npt
 
-from ..errors import Cancelled, InvalidRequest, ModelFailure, OipError, Unimplemented
+from ..errors import InvalidRequest, OipError, Unimplemented
 from ..model import Model, TensorSpec, call_hook
-from ..observe.events import (
-    COMPUTE_INFER,
-    COMPUTE_INPUT,
-    COMPUTE_OUTPUT,
-    QUEUE,
-    ExecutionRecord,
-    InferenceRecord,
-    Observer,
-    Timer,
-    notify_execution,
-    notify_ran_alone,
-    notify_request,
-    notify_started,
-)
+from ..observe.events import COMPUTE_INFER, COMPUTE_INPUT, COMPUTE_OUTPUT, QUEUE, Observers, Timer
 from ..settings import Settings
 from ..types import InferRequest, InferResponse, Tensor
+from .accounting import Inference
 from .batching import Batcher, is_batching
 from .classification import CLASSIFICATION, check_classification, classify
+from .invoke import Slots, call_in_thread, is_plain, model_error, runs_alone
 from .repository import ModelRepository
 from .shared_memory import REGION, Placement, Region, SharedMemory, placement_of
 from .streaming import EMPTY_FINAL, FINAL, Answer, final_response, serve_stream
@@ -70,12 +58,7 @@ from .validation import (
     split_result,
 )
 
-__all__ = [
-    "PARAMETERS", "SHARED_MEMORY", "Pipeline", "PreparedRequest", "call_in_thread", "failure", "model_failure",
-    "runs_alone",
-]
-
-log = logging.getLogger(__name__)
+__all__ = ["PARAMETERS", "SHARED_MEMORY", "Pipeline", "PreparedRequest"]
 
 # The extensions inference itself checks (`extensions.EXTENSIONS`; classification: `classification`): request
 # parameters reach the model only with the parameters extension, tensors name shared memory regions only with
@@ -108,14 +91,14 @@ class Pipeline:
         settings: Settings,
         shared_memory: SharedMemory,
         enabled: tuple[str, ...],
-        observers: list[Observer],
+        observers: Observers,
     ) -> None:
         self.repository = repository
         self.settings = settings
         self.shared_memory = shared_memory
         self.enabled = enabled
         self.observers = observers
-        self.batcher = Batcher(self._executed)
+        self.batcher = Batcher(observers.execution_finished)
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
         self.model_slots = Slots(max(1, settings.model_threads))
 
@@ -123,23 +106,19 @@ class Pipeline:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         timer = Timer(request.id, request.trace, request.transport)
-        async with self.repository.lease(request.model_name, request.model_version) as model:
-            if model.decoupled:
-                raise Unimplemented(
-                    f"model '{model.name}' is decoupled (it may answer a request with any number of responses): "
-                    "ModelInfer and the REST infer endpoint do not support models with a decoupled transaction "
-                    "policy; use the ModelStreamInfer gRPC stream"
-                )
-            notify_started(self.observers, timer, model.name, model.version)
-            try:
-                prepared = self.prepare(model, request)
-                with self.shared_memory.using(prepared.placements) as regions:
-                    result = await self.schedule(model, prepared, timer)
-                    response = self.finish(model, request, prepared, result, regions)
-            except BaseException as exc:  # cancelled too: the caller went away
-                self._failed(timer, model, exc)
-                raise
-        self._succeeded(timer, model, prepared.batch_size, executed=not is_batching(model))
+        model = self.repository.get(request.model_name, request.model_version)
+        if model.decoupled:
+            raise Unimplemented(
+                f"model '{model.name}' is decoupled (it may answer a request with any number of responses): "
+                "ModelInfer and the REST infer endpoint do not support models with a decoupled transaction "
+                "policy; use the ModelStreamInfer gRPC stream"
+            )
+        with Inference(self.repository, self.observers, model, timer) as run:  # a cancellation fails it too
+            prepared = self.prepare(model, request)
+            with self.shared_memory.using(prepared.placements) as regions:
+                result = await self.schedule(model, prepared, timer)
+                response = self.finish(model, request, prepared, result, regions)
+            run.batch_size, run.alone = prepared.batch_size, not is_batching(model)
         return response
 
     # --- the same, wholly in the calling thread (the gRPC server's), for a model that allows it ---------------
@@ -159,21 +138,17 @@ class Pipeline:
         checks, observers and errors. The model runs when one of `Settings.model_threads` slots is free (the
         wait is the queue), the slots the event loop's path uses too."""
         timer = Timer(request.id, request.trace, request.transport)
-        with self.repository.lease_in_thread(request.model_name, request.model_version) as model:
-            notify_started(self.observers, timer, model.name, model.version)
-            try:
-                prepared = self.prepare(model, request)
-                with self.shared_memory.using(prepared.placements) as regions:
-                    timer.enter(QUEUE)
-                    with self.model_slots:
-                        timer.enter(COMPUTE_INFER)
-                        result = call_in_thread(model, prepared.inputs, prepared.parameters)
-                    timer.enter(COMPUTE_OUTPUT)
-                    response = self.finish(model, request, prepared, result, regions)
-            except BaseException as exc:
-                self._failed(timer, model, exc)
-                raise
-        self._succeeded(timer, model, prepared.batch_size, executed=True)
+        model = self.repository.get(request.model_name, request.model_version)
+        with Inference(self.repository, self.observers, model, timer) as run:
+            prepared = self.prepare(model, request)
+            with self.shared_memory.using(prepared.placements) as regions:
+                timer.enter(QUEUE)
+                with self.model_slots:
+                    timer.enter(COMPUTE_INFER)
+                    result = call_in_thread(model, prepared.inputs, prepared.parameters)
+                timer.enter(COMPUTE_OUTPUT)
+                response = self.finish(model, request, prepared, result, regions)
+            run.batch_size = prepared.batch_size
         return response
 
     def prepare(self, model: Model, request: InferRequest) -> PreparedRequest:
@@ -218,7 +193,7 @@ class Pipeline:
         """Call `model.infer`: what it returned, and when it started and ended (`time.perf_counter_ns`; the wait
         for a worker thread comes before the start, which `on_start` is told as it happens)."""
         hook = model.infer
-        plain = _is_plain(hook)
+        plain = is_plain(hook)
         if plain and model.inline:  # quick and never blocking: called here, on the loop
             started = time.perf_counter_ns()
             if on_start is not None:
@@ -227,20 +202,16 @@ class Pipeline:
                 result = hook(inputs, parameters)
                 if type(result) is not dict and inspect.isawaitable(result):  # dict: the common answer, told quickly
                     result = await result
-            except OipError:
-                raise
             except Exception as exc:
-                raise model_failure(model, exc) from exc
+                raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
             return result, started, time.perf_counter_ns()
         if plain:
             hook = self._in_slot(hook, on_start)  # in its worker thread: waits for a slot, then starts
             on_start = None
         try:
             return await call_hook(hook, inputs, parameters, on_start=on_start)
-        except OipError:
-            raise
         except Exception as exc:
-            raise model_failure(model, exc) from exc
+            raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
 
     def _in_slot(self, hook: Callable[..., Any], on_start: Callable[[int], object] | None) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
@@ -301,27 +272,23 @@ class Pipeline:
         an empty final response if the request asked for it (`triton_enable_empty_final_response`)."""
         timer = Timer(request.id, request.trace, request.transport)
         empty_final = request.parameters.get(EMPTY_FINAL) is True
-        async with self.repository.lease(request.model_name, request.model_version) as model:
-            notify_started(self.observers, timer, model.name, model.version)
-            try:
-                prepared = self.prepare(model, request)
-                timer.enter(COMPUTE_INFER)
-                with self.shared_memory.using(prepared.placements) as regions:
-                    async for result in self._results(model, prepared):
-                        timer.enter(COMPUTE_OUTPUT)
-                        response = self.finish(model, request, prepared, result, regions)
-                        response.parameters[FINAL] = False
-                        if timer.first_response is None:
-                            timer.first_response = timer.enter(None)  # the transport's time is not the model's
-                        else:
-                            timer.enter(None)
-                        yield response
-                        timer.enter(COMPUTE_INFER)
-                    timer.enter(None)
-            except BaseException as exc:  # cancelled too: the stream went away
-                self._failed(timer, model, exc)
-                raise
-        self._succeeded(timer, model, prepared.batch_size, executed=True)
+        model = self.repository.get(request.model_name, request.model_version)
+        with Inference(self.repository, self.observers, model, timer) as run:  # the stream going away fails it too
+            prepared = self.prepare(model, request)
+            timer.enter(COMPUTE_INFER)
+            with self.shared_memory.using(prepared.placements) as regions:
+                async for result in self._results(model, prepared):
+                    timer.enter(COMPUTE_OUTPUT)
+                    response = self.finish(model, request, prepared, result, regions)
+                    response.parameters[FINAL] = False
+                    if timer.first_response is None:
+                        timer.first_response = timer.enter(None)  # the transport's time is not the model's
+                    else:
+                        timer.enter(None)
+                    yield response
+                    timer.enter(COMPUTE_INFER)
+                timer.enter(None)
+            run.batch_size = prepared.batch_size
         if empty_final:
             yield final_response(request, model.version)
 
@@ -340,10 +307,8 @@ class Pipeline:
                         item = await anext(results)
                     except StopAsyncIteration:
                         break
-                    except OipError:
-                        raise
                     except Exception as exc:
-                        raise model_failure(model, exc) from exc
+                        raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
                     yield item
             finally:
                 aclose = getattr(results, "aclose", None)
@@ -355,10 +320,8 @@ class Pipeline:
                 while True:
                     try:
                         item = await asyncio.to_thread(next, results, done)
-                    except OipError:
-                        raise
                     except Exception as exc:
-                        raise model_failure(model, exc) from exc
+                        raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
                     if item is done:
                         break
                     yield item
@@ -421,99 +384,3 @@ class Pipeline:
     def _require(self, extension: str) -> None:
         if extension not in self.enabled:
             raise Unimplemented(f"the {extension} extension is not enabled on this server")
-
-    # --- reporting -------------------------------------------------------------------------------------------
-
-    def _executed(self, record: ExecutionRecord) -> None:
-        notify_execution(self.observers, record)
-
-    def _succeeded(self, timer: Timer, model: Model, batch_size: int, executed: bool) -> None:
-        """Report a successful request; `executed`: it ran the model alone (the batcher reports its batches)."""
-        record = timer.record(model.name, model.version, batch_size)
-        if executed:
-            notify_ran_alone(self.observers, record)
-        else:
-            notify_request(self.observers, record)
-
-    def _failed(self, timer: Timer, model: Model, exc: BaseException) -> None:
-        self.report(timer.record(model.name, model.version, 1, failure(exc)))
-
-    def report(self, record: InferenceRecord) -> None:
-        """Tell every observer about a finished request."""
-        notify_request(self.observers, record)
-
-
-class Slots:
-    """`with slots:` holds one of `count` slots while the block runs, waiting for one to be free (a semaphore;
-    its tokens in a C queue, which costs a tenth of `threading.Semaphore` per use)."""
-
-    __slots__ = ("_free",)
-
-    def __init__(self, count: int) -> None:
-        self._free: queue.SimpleQueue[None] = queue.SimpleQueue()
-        for _ in range(count):
-            self._free.put(None)
-
-    def __enter__(self) -> None:
-        self._free.get()
-
-    def __exit__(self, *exc: object) -> None:
-        self._free.put(None)
-
-
-def runs_alone(model: Model) -> bool:
-    """Whether requests to `model` can run wholly in the calling thread: its `infer` is a plain method, and it
-    neither batches dynamically nor is decoupled."""
-    hook = model.infer
-    return not (model.decoupled or is_batching(model) or inspect.iscoroutinefunction(hook)
-                or inspect.isasyncgenfunction(hook))
-
-
-def call_in_thread(model: Model, inputs: dict[str, npt.NDArray[Any]], parameters: dict[str, Any]) -> Any:
-    """Call a plain `infer` in this thread (no event loop here): what it returned (awaited, for a plain method
-    that returned an awaitable); an exception other than OipError becomes ModelFailure (`model_failure`)."""
-    try:
-        result = model.infer(inputs, parameters)
-        if inspect.isawaitable(result):
-            result = asyncio.run(_awaited(result))
-    except OipError:
-        raise
-    except Exception as exc:
-        raise model_failure(model, exc) from exc
-    return result
-
-
-def failure(exc: BaseException) -> OipError:
-    """Why a request failed, as the error its record carries: an OipError as it is, a cancellation as
-    Cancelled, anything else as an internal ModelFailure."""
-    if isinstance(exc, OipError):
-        return exc
-    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-        return Cancelled("the request was cancelled")
-    return ModelFailure(f"internal server error ({type(exc).__name__})")
-
-
-_PLAIN: dict[Any, bool] = {}  # by `infer` function: whether it is plain (no coroutine or async generator function)
-
-
-def _is_plain(hook: Callable[..., Any]) -> bool:
-    """Whether `hook` is a plain function (not a coroutine or async generator function), remembered per function:
-    asked on every request, and `inspect` takes a microsecond to tell."""
-    function = getattr(hook, "__func__", None)  # a bound method's function: the same for every instance
-    plain = _PLAIN.get(function) if function is not None else None
-    if plain is None:
-        plain = not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook))
-        if function is not None:
-            _PLAIN[function] = plain
-    return plain
-
-
-async def _awaited(result: Any) -> Any:
-    return await result
-
-
-def model_failure(model: Model, exc: Exception) -> ModelFailure:
-    """An exception the model raised (not an OipError), as the request's error: ModelFailure with its message.
-    Logged here with its traceback, which never goes on the wire."""
-    log.error("model '%s' version %s failed", model.name, model.version, exc_info=exc)
-    return ModelFailure(str(exc) or type(exc).__name__)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..settings import Settings
-from .events import Observer
+from .events import Observers
 from .metrics import Metrics
 from .statistics import Statistics
 from .tracing import Tracing
@@ -21,7 +21,7 @@ class Observing:
     statistics: Statistics
     metrics: Metrics | None
     tracing: Tracing | None
-    observers: list[Observer]  # every one of the above that is on, statistics first
+    observers: Observers  # every one of the above that is on, statistics first
 
     @classmethod
     def of(cls, settings: Settings, inflight: Callable[[], Mapping[tuple[str, str], int]],
@@ -30,6 +30,5 @@ class Observing:
         (`ModelRepository.inflight`)."""
         statistics = Statistics()
         metrics = Metrics(statistics, inflight, settings.metrics_buckets) if settings.metrics else None
-        observers: list[Observer] = [statistics]
-        observers += [observer for observer in (metrics, tracing) if observer is not None]
+        observers = Observers(observer for observer in (statistics, metrics, tracing) if observer is not None)
         return cls(statistics, metrics, tracing, observers)

@@ -50,7 +50,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
-from .events import InferenceRecord, Observer, Timer, current, set_current
+from ...grpc.wire import varint
+from .events import (
+    COMPUTE_INFER,
+    COMPUTE_INPUT,
+    COMPUTE_OUTPUT,
+    QUEUE,
+    InferenceRecord,
+    Observer,
+    Timer,
+    current,
+    set_current,
+)
 
 __all__ = [
     "TRACE_HEADERS", "OtlpSpan", "Tracing", "carrier", "configure", "current_ids", "encode", "fixed_decisions", "wrap",
@@ -155,23 +166,11 @@ _KIND_SERVER: Final = b"\x30\x02"
 _KIND_INTERNAL: Final = b"\x30\x01"
 _STATUS_UNSET: Final = b"\x7a\x00"  # Span.status (15), an empty Status
 _STATUS_OK: Final = b"\x7a\x02\x18\x01"  # Status.code (3) = OK
-_SMALL: Final = [bytes((n,)) for n in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    if n < 128:
-        return _SMALL[n]
-    out = bytearray()
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _field(tag: bytes, data: bytes) -> bytes:
     """A length-delimited field."""
-    return tag + _varint(len(data)) + data
+    return tag + varint(len(data)) + data
 
 
 _Made = TypeVar("_Made")
@@ -223,7 +222,7 @@ def _request_tail(key: tuple[str, str, str, bool]) -> bytes:
         out += _STATUS_OK
     else:
         code = 1 if status == "OK" else 2
-        out += _field(b"\x7a", (_field(b"\x12", message.encode()) if message else b"") + b"\x18" + _varint(code))
+        out += _field(b"\x7a", (_field(b"\x12", message.encode()) if message else b"") + b"\x18" + varint(code))
     return out + (_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
 
 
@@ -234,7 +233,7 @@ def _phase_form(key: tuple[str, int]) -> tuple[Callable[..., bytes], bytes, byte
     phase, parent_size = key
     name = _PHASES[phase]
     body = f"20s8s{parent_size}s{len(name)}sBQBQ{len(_PHASE_TAIL)}s"
-    head = b"\x12" + _varint(struct.calcsize("<" + body))
+    head = b"\x12" + varint(struct.calcsize("<" + body))
     return struct.Struct(f"<{len(head)}s{body}").pack, head, name
 
 
@@ -260,10 +259,10 @@ def _span(span: OtlpSpan) -> bytes:
     elif span.status == 0 and not span.message:
         body += _STATUS_UNSET
     else:
-        status = (_field(b"\x12", span.message.encode()) if span.message else b"") + b"\x18" + _varint(span.status)
+        status = (_field(b"\x12", span.message.encode()) if span.message else b"") + b"\x18" + varint(span.status)
         body += _field(b"\x7a", status)
     body += _FLAGS_REMOTE if span.remote else _FLAGS_LOCAL
-    return b"\x12" + _varint(len(body)) + body
+    return b"\x12" + varint(len(body)) + body
 
 
 class Envelope(NamedTuple):
@@ -478,6 +477,17 @@ class Tracing(Observer):
 
     request_ran_alone = request_finished  # a model run is nothing to trace
 
+    def ran_alone(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                  started: int, ended: int, done: int) -> None:
+        # The lean gRPC way's success: its moments are the phases' marks (a timer when tracing is on: it listens
+        # to `request_started`).
+        if timer is not None:
+            offset = timer.start_unix - timer.start
+            marks = ((COMPUTE_INPUT, start, queued), (QUEUE, queued, started), (COMPUTE_INFER, started, ended),
+                     (COMPUTE_OUTPUT, ended, done))
+            self.finished(timer.state, model, version, request_id, "OK", "", start + offset, done + offset, marks,
+                          offset)
+
     # --- the background thread --------------------------------------------------------------------------------------
 
     def spans_of(self, finished: _Finished, ids: Iterator[int]) -> list[OtlpSpan]:
@@ -518,7 +528,7 @@ class Tracing(Observer):
                  + _MODEL_ATTRIBUTES[finished.model, finished.version]
                  + _request_id(finished.request_id)
                  + _REQUEST_TAILS[finished.transport, finished.status, finished.message, traced.remote])
-        out = [b"\x12", _varint(len(body)), body]
+        out = [b"\x12", varint(len(body)), body]
         # A phase: its length and trace id field, its span id, its parent, then its name, times and tail.
         parent = state_field + b"\x22\x08" + span_id
         offset, forms, size = finished.offset, _PHASE_FORMS, len(parent)
