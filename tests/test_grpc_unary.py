@@ -286,7 +286,7 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
     failure's span says so and has the phases it reached."""
     import secrets
 
-    from oip.server.observe import tracing
+    from oip.server.observe import otlp, tracing
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -308,7 +308,7 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
         finished = list(observer.queue)
         assert len(finished) == 2
         ids = iter(range(1, 1000))
-        lean_spans, general_spans = (observer.spans_of(f, ids) for f in finished[:2])
+        lean_spans, general_spans = (otlp.spans_of(f, ids) for f in finished[:2])
         assert [s.name for s in lean_spans] == [s.name for s in general_spans] == [
             "ModelInfer peeking", "compute_input", "queue", "compute_infer", "compute_output"]
         for ours, theirs in zip(lean_spans, general_spans, strict=True):
@@ -333,7 +333,7 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
         with pytest.raises(ModelFailure):
             lean(request("failing", {"IN": np.array([1.5], np.float32)}, id="broken"), None)
         (failed,) = observer.queue
-        spans = observer.spans_of(failed, ids)
+        spans = otlp.spans_of(failed, ids)
         assert [s.name for s in spans] == ["ModelInfer failing", "compute_input", "queue", "compute_infer"]
         assert spans[0].status == 2 and "division by zero" in spans[0].message and spans[0].parent_id == 0
         assert dict(spans[0].attributes)["status"] == "MODEL_FAILURE"

@@ -720,7 +720,7 @@ def test_the_configured_sampler_decides(repository: Path, tmp_path: Path,
 def test_the_otlp_encoding_is_the_sdks() -> None:
     """What the server writes for its spans is byte for byte what the SDK's OTLP encoder writes for the same
     spans: caller's parent or none, trace state, error with a message, non-ASCII and long values, many spans."""
-    from oip.server.observe import tracing
+    from oip.server.observe import otlp, tracing
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -732,7 +732,7 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
     for i in range(60):
         trace_id, request_id = rng.getrandbits(128) | 1, rng.getrandbits(64) | 1
         start = time.time_ns() + rng.getrandbits(30)
-        spans.append(tracing.OtlpSpan(
+        spans.append(otlp.OtlpSpan(
             trace_id, request_id, rng.getrandbits(64) | 1 if i % 3 else 0, bool(i % 3), "vendor=a,other=b" if i % 2
             else "", f"ModelInfer model-{'x' * i}", True, start, start + 10**6,
             (("model_name", f"model-{'x' * i}"), ("model_version", "1"), ("request_id", "ré" * i),
@@ -740,12 +740,12 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
             1 if i % 4 else 2, "" if i % 4 else "the model failed: " + "ü" * i,
         ))
         for phase in ("compute_input", "queue", "compute_infer", "compute_output"):
-            spans.append(tracing.OtlpSpan(trace_id, rng.getrandbits(64) | 1, request_id, False, "", phase, False,
+            spans.append(otlp.OtlpSpan(trace_id, rng.getrandbits(64) | 1, request_id, False, "", phase, False,
                                           start + 1, start + 2 + i, (), 0, ""))
-    envelope = tracing.envelope_of(resource, scope)
+    envelope = otlp.envelope_of(resource, scope)
     for batch in (spans[:1], spans[:5], spans):
-        expected = encode_spans(tracing.readable_spans(batch, resource, scope)).SerializeToString()
-        assert tracing.encode(batch, envelope) == expected
+        expected = encode_spans(otlp.readable_spans(batch, resource, scope)).SerializeToString()
+        assert otlp.encode(batch, envelope) == expected
 
     # The server's path: requests through the observer (a root, a caller's with a trace state and a failure, a
     # decoupled one's phases), then the export request it writes, against the SDK's for the same spans.
@@ -767,11 +767,11 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
         batch = list(observer.queue)
         assert len(batch) == 2 and observer.envelope is not None
         ids = [rng.getrandbits(64) | 1 for _ in range(12)]  # six phases each: compute_input and the five above
-        spans = [span for i, finished in enumerate(batch) for span in observer.spans_of(finished, iter(ids[6 * i:]))]
+        spans = [span for i, finished in enumerate(batch) for span in otlp.spans_of(finished, iter(ids[6 * i:]))]
         assert [s.parent_id for s in spans[8:]] == [spans[7].span_id] * 6 and spans[7].trace_state == "vendor=a,other=b"
-        encoded = b"".join(observer.encoded(finished, iter(ids[6 * i:])) for i, finished in enumerate(batch))
-        expected = encode_spans(tracing.readable_spans(spans, resource, scope)).SerializeToString()
-        assert tracing.wrap(encoded, observer.envelope) == expected
+        encoded = b"".join(otlp.encode_finished(finished, iter(ids[6 * i:])) for i, finished in enumerate(batch))
+        expected = encode_spans(otlp.readable_spans(spans, resource, scope)).SerializeToString()
+        assert otlp.wrap(encoded, observer.envelope) == expected
     finally:
         observer.shutdown()
     assert sum(count for _, count in posted) == 14  # what was queued left at the stop
@@ -998,7 +998,7 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The OTLP/HTTP exporter sends over a plain connection of its own only where requests, its default, would
     send the same request: a plain-HTTP endpoint that no proxy variable and no .netrc entry covers."""
-    from oip.server.observe import tracing
+    from oip.server.observe import tracing_setup
     from oip.server.observe.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
 
@@ -1009,7 +1009,7 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
     for name, value in environment.items():
         monkeypatch.setenv(name, value.format(netrc=netrc))
-    exporter = tracing._http_exporter()
+    exporter = tracing_setup._http_exporter()
     try:
         transport = exporter._client._transport
         assert type(transport) is (PlainHTTPTransport if lean else RequestsHTTPTransport)

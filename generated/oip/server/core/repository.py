@@ -36,32 +36,29 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import importlib.machinery
-import importlib.util
-import itertools
 import logging
-import re
 import sys
 import threading
 import tomllib
-import types
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
 
 from ..errors import ModelFailure, NotFound, NotReady, OipError
-from ..model import DynamicBatching, Model, call_hook, check_model
+from ..model import Model, call_hook, check_model
+from .model_files import (
+    MODEL_FILE,
+    MODULE_IDS,
+    import_class,
+    message_of,
+    parse_config,
+    parse_declarations,
+    version_key,
+)
 
 __all__ = ["MODEL_FILE", "ModelRepository", "ModelState", "ModelStatus", "version_key"]
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE: Final = "model.toml"
-_TOML_KEYS: Final = (
-    "name", "class", "platform", "versions", "parameters", "max_batch_size", "decoupled", "dynamic_batching"
-)
-_MODULE_IDS: Final = itertools.count(1)
 
 
 class ModelState(enum.Enum):
@@ -83,17 +80,6 @@ class ModelStatus:
     version: str
     state: ModelState
     reason: str = ""
-
-
-def version_key(version: str) -> tuple[int, int, str]:
-    """Sort key of versions: numeric ones in numeric order and above the others, which sort as text."""
-    if version.isascii() and version.isdigit():
-        return (1, int(version), "")
-    return (0, 0, version)
-
-
-def _message(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
 
 
 @dataclass(slots=True)
@@ -243,7 +229,7 @@ class ModelRepository:
         return failures
 
     async def _load_folder(self, record: _Record) -> list[str]:
-        generation = next(_MODULE_IDS)
+        generation = next(MODULE_IDS)
         built, problem = await asyncio.to_thread(self._instantiate, record, generation)
         if problem:
             record.problem = problem
@@ -260,7 +246,7 @@ class ModelRepository:
             entry = record.versions.setdefault(version, _Version(version))
             entry.wanted = True
             if isinstance(made, Exception):
-                reason = _message(made)
+                reason = message_of(made)
                 if entry.state is not ModelState.READY:
                     entry.state, entry.reason, entry.model = ModelState.UNAVAILABLE, reason, None
                 log.error("model '%s' version %s: %s", record.name, version, reason)
@@ -306,7 +292,7 @@ class ModelRepository:
             check_model(model)
         except Exception as exc:
             log.debug("model '%s' load() failed", record.name, exc_info=True)
-            return _message(exc)
+            return message_of(exc)
         return ""
 
     def _instantiate(self, record: _Record, generation: int) -> tuple[dict[str, Model | Exception], str]:
@@ -321,10 +307,10 @@ class ModelRepository:
         try:
             config = tomllib.loads(toml.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            return {}, f"cannot read {toml}: {_message(exc)}"
+            return {}, f"cannot read {toml}: {message_of(exc)}"
         try:
-            target, platform, versions, parameters = _parse_config(config, folder)
-            declared = _parse_declarations(config)
+            target, platform, versions, parameters = parse_config(config, folder)
+            declared = parse_declarations(config)
         except ValueError as exc:
             return {}, f"{toml}: {exc}"
         file_name, _, class_name = target.partition(":")
@@ -339,7 +325,7 @@ class ModelRepository:
             search = [version_dir, folder] if file == own else [folder]
             if file not in classes:
                 try:
-                    classes[file] = _import_class(file, class_name, search, record.name, modules)
+                    classes[file] = import_class(file, class_name, search, record.name, modules)
                 except Exception as exc:
                     log.debug("model '%s': cannot import %s", record.name, file, exc_info=True)
                     classes[file] = exc
@@ -356,7 +342,7 @@ class ModelRepository:
                 built[version] = model
             except Exception as exc:
                 log.debug("model '%s': %s() failed", record.name, class_name, exc_info=True)
-                built[version] = ValueError(f"{class_name}() failed: {_message(exc)}")
+                built[version] = ValueError(f"{class_name}() failed: {message_of(exc)}")
                 continue
             if declared:
                 for key, value in declared.items():
@@ -364,7 +350,7 @@ class ModelRepository:
                 try:
                     check_model(model)
                 except ValueError as exc:
-                    built[version] = ValueError(f"{toml}: {_message(exc)}")
+                    built[version] = ValueError(f"{toml}: {message_of(exc)}")
         return built, ""
 
     # --- unloading --------------------------------------------------------------------------------------
@@ -525,92 +511,3 @@ class ModelRepository:
         if ready_only:
             out = [status for status in out if status.state is ModelState.READY]
         return out
-
-
-def _parse_config(config: dict[str, Any], folder: Path) -> tuple[str, str | None, list[str], dict[str, Any]]:
-    """(class, platform, versions, parameters) of a model.toml; ValueError naming what is wrong."""
-    unknown = [key for key in config if key not in _TOML_KEYS]
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(_TOML_KEYS)}")
-    target = config.get("class")
-    if not isinstance(target, str) or not re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", target):
-        raise ValueError(f"'class' must be \"<python file>:<class name>\" (like \"model:MyModel\"), got {target!r}")
-    name = config.get("name")
-    if name is not None and (not isinstance(name, str) or not name or "/" in name):
-        raise ValueError(f"'name' must be a non-empty string without '/', got {name!r}")
-    platform = config.get("platform")
-    if platform is not None and not isinstance(platform, str):
-        raise ValueError(f"'platform' must be a string, got {platform!r}")
-    parameters = config.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise ValueError(f"'parameters' must be a table, got {parameters!r}")
-    declared = config.get("versions")
-    if declared is None:
-        numeric = [p.name for p in folder.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()]
-        versions = sorted(numeric, key=version_key) or ["1"]
-    else:
-        if not isinstance(declared, list) or not declared:
-            raise ValueError(f"'versions' must be a non-empty list of strings, got {declared!r}")
-        versions = []
-        for item in declared:
-            if isinstance(item, bool) or not isinstance(item, str | int):
-                raise ValueError(f"'versions' must be a list of strings, got {item!r}")
-            version = str(item)
-            if version in ("", ".", "..") or "/" in version or version in versions:
-                raise ValueError(f"invalid or repeated version {version!r}")
-            versions.append(version)
-    return target, platform, versions, parameters
-
-
-def _parse_declarations(config: dict[str, Any]) -> dict[str, Any]:
-    """The model attributes a model.toml overrides (max_batch_size, decoupled, dynamic_batching); ValueError naming
-    what is wrong."""
-    out: dict[str, Any] = {}
-    if "max_batch_size" in config:
-        size = config["max_batch_size"]
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"'max_batch_size' must be an integer >= 0, got {size!r}")
-        out["max_batch_size"] = size
-    if "decoupled" in config:
-        if not isinstance(config["decoupled"], bool):
-            raise ValueError(f"'decoupled' must be true or false, got {config['decoupled']!r}")
-        out["decoupled"] = config["decoupled"]
-    if "dynamic_batching" in config:
-        table = config["dynamic_batching"]
-        if not isinstance(table, dict):
-            raise ValueError(f"'dynamic_batching' must be a table, got {table!r}")
-        out["dynamic_batching"] = DynamicBatching.of(table)
-    return out
-
-
-def _import_class(file: Path, class_name: str, search: Iterable[Path], model: str, modules: list[str]) -> type[Model]:
-    """Import `file` as a module of a fresh package (path: `search`) and return its Model subclass."""
-    if not file.is_file():
-        raise FileNotFoundError(f"no python file {file}")
-    package = f"_{__name__.split('.')[0]}_model_{next(_MODULE_IDS)}_{re.sub(r'[^0-9A-Za-z_]', '_', model)}"
-    spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
-    spec.submodule_search_locations = [str(p) for p in search]
-    parent = importlib.util.module_from_spec(spec)
-    sys.modules[package] = parent
-    modules.append(package)
-    name = f"{package}.{file.stem}"
-    module = types.ModuleType(name)
-    module.__file__ = str(file)
-    module.__package__ = package
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=str(file))
-    sys.modules[name] = module
-    modules.append(name)
-    try:
-        code = compile(file.read_bytes(), str(file), "exec", dont_inherit=True)
-        exec(code, module.__dict__)  # compiled from the source each time: a reload sees every edit
-    except Exception as exc:
-        raise ImportError(f"cannot import {file.name}: {type(exc).__name__}: {_message(exc)}") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ImportError(f"{file.name} has no class {class_name!r}")
-    if not isinstance(cls, type) or not issubclass(cls, Model):
-        raise TypeError(
-            f"{class_name} in {file.name} is not a subclass of {Model.__module__}.Model (does {file.name} import "
-            f"Model from the package this server runs, `{Model.__module__.rsplit('.', 2)[0]}`?)"
-        )
-    return cls

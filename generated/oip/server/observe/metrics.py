@@ -20,8 +20,8 @@ prometheus_client: its metric families, its registry and collectors, its exposit
   `nv_inference_first_response_histogram_ms` (time to a decoupled model's first response), buckets configurable.
 - `oip_requests_total{transport, operation, code}`: every request of every operation, by transport (rest, grpc)
   and answer (the HTTP status, or the gRPC code's name).
-- Metrics of model code (`Model.metrics`): prometheus_client's Counter, Gauge and Histogram, with the model's
-  `model` and `version` labels.
+- Metrics of model code (`Model.metrics`, `model_metrics`): prometheus_client's Counter, Gauge and Histogram,
+  with the model's `model` and `version` labels.
 - The process's, as every prometheus_client application exports them: `process_cpu_seconds_total`,
   `process_resident_memory_bytes`, open file descriptors, start time, `python_info`, `python_gc_*`.
 
@@ -41,12 +41,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
-    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -54,30 +52,17 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.utils import floatToGoString
 
 from ..errors import ErrorKind
-from ..settings import Settings
 from .events import InferenceRecord, Observer, ignore
+from .model_metrics import DEFAULT_BUCKETS, MODEL_REGISTRY
 from .statistics import Statistics
 
-__all__ = [
-    "CONTENT_TYPE",
-    "DEFAULT_BUCKETS",
-    "Metric",
-    "Metrics",
-    "ModelMetric",
-    "ModelMetrics",
-    "from_json",
-    "merge",
-    "render",
-    "to_json",
-]
+__all__ = ["CONTENT_TYPE", "DEFAULT_BUCKETS", "Metric", "Metrics", "from_json", "merge", "render", "to_json"]
 
 # The text format Triton serves, and generate_latest writes.
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-DEFAULT_BUCKETS: Final = Settings().metrics_buckets
 
 # A failed request's reason, as Triton labels nv_inference_request_failure.
 REASONS: Final[dict[ErrorKind, str]] = {
@@ -357,80 +342,3 @@ class Metrics(Observer):
             requests.add_metric([code, operation, transport], float(n))
         families.append(requests)
         return families
-
-
-# --- metrics of model code ------------------------------------------------------------------------------------
-
-# Every model's metrics, in one registry: a metric is registered once per process, by name, whichever model or
-# version registers it first; the server's registry collects this one.
-MODEL_REGISTRY: Final = CollectorRegistry()
-_MODEL_LOCK = threading.Lock()
-_MODEL_METRICS: dict[str, tuple[str, tuple[str, ...], MetricWrapperBase]] = {}  # name: kind, label names, metric
-_KINDS: Final[dict[str, type[MetricWrapperBase]]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
-
-M = TypeVar("M", Counter, Gauge, Histogram)
-
-
-class ModelMetric(Generic[M]):
-    """A model's prometheus_client metric, its `model` and `version` labels given: `labels(...)` gives the values
-    of the label names it was registered with, and answers prometheus_client's own child (`inc`, `set`,
-    `observe`, `time`...). A metric registered with no other label names is that child: `metric.inc()`."""
-
-    def __init__(self, metric: M, name: str, model: str, version: str, names: tuple[str, ...]) -> None:
-        self.metric: M = metric
-        self.name = name
-        self._model = model
-        self._version = version
-        self._names = names
-
-    def labels(self, **values: str) -> M:
-        """This metric with values for the other label names it was registered with."""
-        if set(values) != set(self._names):
-            raise ValueError(f"metric {self.name} takes the labels {list(self._names)}, got {sorted(values)}")
-        return self.metric.labels(model=self._model, version=self._version, **values)
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        if self._names:
-            raise ValueError(f"metric {self.name} needs .labels({', '.join(self._names)}) before .{attribute}")
-        return getattr(self.labels(), attribute)
-
-
-class ModelMetrics:
-    """What `Model.metrics` gives model code: register a metric once (by name), then update it."""
-
-    def __init__(self, model: str, version: str) -> None:
-        self._model = model
-        self._version = version
-
-    def _register(self, name: str, kind: str, help_text: str, labelnames: Sequence[str],
-                  buckets: Sequence[float]) -> Any:
-        if name.startswith(("nv_", "oip_")):
-            raise ValueError(f"metric name {name!r}: nv_ and oip_ are the server's")
-        names = tuple(labelnames)
-        metric: MetricWrapperBase
-        with _MODEL_LOCK:
-            known = _MODEL_METRICS.get(name)
-            if known is None:
-                options: dict[str, Any] = {"buckets": buckets} if kind == "histogram" else {}
-                metric = _KINDS[kind](name, help_text, ["model", "version", *names], registry=MODEL_REGISTRY,
-                                      **options)
-                _MODEL_METRICS[name] = (kind, names, metric)
-            elif known[:2] != (kind, names):
-                raise ValueError(f"metric {name!r} is already registered as a {known[0]} with labels "
-                                 f"{list(known[1])}")
-            else:
-                metric = known[2]
-        return ModelMetric(metric, name, self._model, self._version, names)
-
-    def counter(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> ModelMetric[Counter]:
-        """A counter; exported as NAME_total, as prometheus_client names counters (a NAME ending _total is kept)."""
-        return self._register(name, "counter", help_text, labelnames, ())  # type: ignore[no-any-return]
-
-    def gauge(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> ModelMetric[Gauge]:
-        return self._register(name, "gauge", help_text, labelnames, ())  # type: ignore[no-any-return]
-
-    def histogram(self, name: str, help_text: str, labelnames: Sequence[str] = (),
-                  buckets: Sequence[float] = DEFAULT_BUCKETS) -> ModelMetric[Histogram]:
-        return self._register(name, "histogram", help_text, labelnames, buckets)  # type: ignore[no-any-return]

@@ -2,25 +2,19 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""OpenTelemetry traces of inference requests, configured the standard way: from the OpenTelemetry environment.
+"""OpenTelemetry traces of inference requests: the `Tracing` observer (configured from the OpenTelemetry
+environment by `tracing_setup`; off, nothing of OpenTelemetry is imported and a request costs nothing more than
+reading two headers).
 
-Tracing is on when `OTEL_TRACES_EXPORTER` names `otlp` (or `console`), and off otherwise (unset or `none`): then
-nothing of OpenTelemetry is imported and a request costs nothing more than reading two headers. The exporter's
-protocol is `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or `OTEL_EXPORTER_OTLP_PROTOCOL` (`http/protobuf`, the default,
-or `grpc`); the endpoint, headers, compression and timeouts come from the exporter's own `OTEL_EXPORTER_OTLP_*`
-variables, the service name from `OTEL_SERVICE_NAME` (default: the server's name), the sampler from
-`OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` (the SDK's samplers: `always_on`, `traceidratio`,
-`parentbased_*`...). Spans are exported in batches (`OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`,
-`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
-
-The caller's W3C trace context (`traceparent`, `tracestate`: REST headers or gRPC metadata) travels with the
-request (`InferRequest.trace`), so the server's spans join the caller's trace. Each inference request is a span
+The caller's W3C trace context (`traceparent`, `tracestate`: REST headers or gRPC metadata, `carrier`) travels with
+the request (`InferRequest.trace`), so the server's spans join the caller's trace. Each inference request is a span
 (`ModelInfer <model>`, kind server) with a child per phase the timer measured (queue, compute_input,
 compute_infer, compute_output; for a decoupled model one compute_infer / compute_output pair per response), and
 the attributes `model_name`, `model_version`, `request_id`, `transport` and `status`. The request's span context
 is OpenTelemetry's current one while the request runs, so spans a model makes with the OpenTelemetry API (the
 SDK's tracer provider is the global one) are children of the request's span; log lines written meanwhile carry its
-trace and span ids (`current_ids`).
+trace and span ids (`current_ids`). Spans are exported in batches (`OTEL_BSP_SCHEDULE_DELAY`,
+`OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
 
 How the spans are made, and why not with the SDK's `Span` objects: an SDK span per phase and the SDK's OTLP encoder
 cost about three times the server's own work per request (measured: ~170 us for the five spans, ~140 us to encode
@@ -30,13 +24,9 @@ propagator reads it, `plain_caller`), the SDK's configured sampler decides once 
 follows the parent's flags, as `always_on` and `parentbased_always_on` do, is not asked: its decision for each kind
 of parent is read once, `fixed_decisions`), the SDK's id generator gives the span id, and the request's span context
 is the API's current one (OpenTelemetry's runtime context sees the running request and makes its context only when
-asked for, `_request_runtime`). When the request finishes, its outcome and the timer's phase timestamps are
-queued as plain values. A background thread gives the children their ids, writes the spans' OTLP protobuf encoding
-(`encode`) and hands the batch to the standard OTLP exporter's transport (retries, headers, compression, TLS are the
-exporter's; over HTTP, a plain `http.client` connection where no proxy or .netrc setting applies, `_http_exporter`).
-The encoding is written here because building the opentelemetry-proto messages still costs ~35 us per request; it is
-byte for byte what the SDK's encoder writes for the same spans (a test compares the two, `readable_spans`).
-Exporters other than OTLP get the spans as the SDK's `ReadableSpan`s.
+asked for, `_request_runtime`). When the request finishes, its outcome and the timer's phase timestamps are queued
+as plain values (`otlp.Finished`). A background thread gives the children their ids, writes the spans' OTLP protobuf
+encoding (`otlp`) and hands the batch to the exporter's transport (`tracing_setup`).
 """
 
 from __future__ import annotations
@@ -52,9 +42,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, TypeVar
+from typing import Any, Final
 
-from ...grpc.wire import varint
 from .events import (
     COMPUTE_INFER,
     COMPUTE_INPUT,
@@ -66,17 +55,16 @@ from .events import (
     current,
     set_current,
 )
+from .otlp import Finished, encode_finished, envelope_of, new_finished, readable_spans, spans_of, wrap
 
-__all__ = [
-    "TRACE_HEADERS", "OtlpSpan", "Tracing", "carrier", "configure", "current_ids", "encode", "fixed_decisions", "wrap",
-]
+__all__ = ["SCOPE", "TRACE_HEADERS", "Tracing", "carrier", "current_ids", "enabled", "fixed_decisions"]
 
 log = logging.getLogger(__name__)
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 _PLAIN_TRACEPARENT: Final = re.compile("00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _STATE: Final = "otel"  # Timer.state key: the request's `_Traced`, kept after it finished (log lines use its ids)
-_SCOPE: Final = "oip.server"  # the instrumentation scope of the server's spans
+SCOPE: Final = "oip.server"  # the instrumentation scope of the server's spans
 _SPANS: Final = 5  # the spans of a request that is not decoupled: its own and one per phase
 
 
@@ -120,210 +108,6 @@ class _Traced:
         self.raw = raw  # the runtime context's own value then (`_request_runtime`; None where requests attach)
         self.context: Any = None  # `previous` with the request's span, once made (`_request_runtime`)
         self.running = True
-
-
-class _Finished(NamedTuple):
-    """A finished, sampled request as the request path queues it: no span is made there."""
-
-    traced: _Traced
-    model: str
-    version: str
-    request_id: str
-    transport: str
-    status: str  # "OK" or the error's kind
-    message: str  # the error's message (clipped), "" for a success
-    start_ns: int
-    end_ns: int
-    phases: Sequence[tuple[str, int, int]]  # (phase, start, end) on the timer's clock (`InferenceRecord.marks`)
-    offset: int  # that clock + offset = nanoseconds since the epoch
-
-
-# Makes a _Finished from a tuple of its fields: what its constructor does, without its Python-level call.
-_new_finished: Final[Callable[[type[_Finished], tuple[Any, ...]], _Finished]] = tuple.__new__
-
-
-class OtlpSpan(NamedTuple):
-    """One span, ready to encode: what OTLP carries of a span of ours."""
-
-    trace_id: int
-    span_id: int
-    parent_id: int  # 0: none
-    remote: bool  # the parent is the caller's
-    trace_state: str  # W3C tracestate text ("" for none)
-    name: str
-    server: bool  # kind server (the request), internal otherwise (a phase)
-    start_ns: int
-    end_ns: int
-    attributes: tuple[tuple[str, str], ...]
-    status: int  # OpenTelemetry's status code: 0 unset, 1 ok, 2 error
-    message: str  # the status' description
-
-
-# --- the OTLP protobuf encoding of our spans ----------------------------------------------------------------------
-# Field numbers of opentelemetry/proto/trace/v1/trace.proto (Span, Status), common.proto (KeyValue, AnyValue) and
-# trace_service.proto (ExportTraceServiceRequest); fields are written in field-number order, as protobuf does.
-
-_TIMES: Final = struct.Struct("<BQBQ")  # Span.start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
-_FLAGS_LOCAL: Final = b"\x85\x01" + struct.pack("<I", 0x100)  # Span.flags (16, fixed32): HAS_IS_REMOTE
-_FLAGS_REMOTE: Final = b"\x85\x01" + struct.pack("<I", 0x300)  # HAS_IS_REMOTE | IS_REMOTE
-_KIND_SERVER: Final = b"\x30\x02"
-_KIND_INTERNAL: Final = b"\x30\x01"
-_STATUS_UNSET: Final = b"\x7a\x00"  # Span.status (15), an empty Status
-_STATUS_OK: Final = b"\x7a\x02\x18\x01"  # Status.code (3) = OK
-
-
-def _field(tag: bytes, data: bytes) -> bytes:
-    """A length-delimited field."""
-    return tag + varint(len(data)) + data
-
-
-_Made = TypeVar("_Made")
-
-
-class _Cache(dict[Any, _Made]):
-    """Encoded fields that repeat (span names, attributes but the request id, trace states), bounded."""
-
-    def __init__(self, make: Callable[[Any], _Made]) -> None:
-        super().__init__()
-        self.make = make
-
-    def __missing__(self, key: Any) -> _Made:
-        if len(self) >= 4096:
-            self.clear()
-        value = self[key] = self.make(key)
-        return value
-
-
-def _attribute(item: tuple[str, str]) -> bytes:
-    """Span.attributes (9): KeyValue{key (1), value (2): AnyValue{string_value (1)}}."""
-    key, value = item
-    return _field(b"\x4a", _field(b"\x0a", key.encode()) + _field(b"\x12", _field(b"\x0a", value.encode())))
-
-
-_ATTRIBUTES: Final = _Cache(_attribute)
-# The request id attribute before its value, by the value's size (in bytes)
-_REQUEST_ID_HEADS: Final = _Cache(lambda size: _attribute(("request_id", "\0" * size))[:-size or None])
-
-
-def _request_id(value: str) -> bytes:
-    """The request id attribute (`_attribute(("request_id", value))`)."""
-    data = value.encode()
-    return _REQUEST_ID_HEADS[len(data)] + data
-
-
-_NAMES: Final = _Cache(lambda name: _field(b"\x2a", name.encode()))  # Span.name (5)
-_STATES: Final = _Cache(lambda state: _field(b"\x1a", state.encode()) if state else b"")  # Span.trace_state (3)
-_PHASES: Final = _Cache(lambda name: _field(b"\x2a", name.encode()) + _KIND_INTERNAL)  # a phase's name and kind
-_PHASE_TAIL: Final = _STATUS_UNSET + _FLAGS_LOCAL
-
-
-def _request_tail(key: tuple[str, str, str, bool]) -> bytes:
-    """A request span's fields after its request id: its transport and status attributes, status, flags."""
-    transport, status, message, remote = key
-    out = _ATTRIBUTES["transport", transport] if transport else b""
-    out += _ATTRIBUTES["status", status]
-    if status == "OK" and not message:
-        out += _STATUS_OK
-    else:
-        code = 1 if status == "OK" else 2
-        out += _field(b"\x7a", (_field(b"\x12", message.encode()) if message else b"") + b"\x18" + varint(code))
-    return out + (_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
-
-
-def _phase_form(key: tuple[str, int]) -> tuple[Callable[..., bytes], bytes, bytes]:
-    """How a phase's span is written, given its name and the size of its parent fields (trace state, parent id):
-    one struct packing the Span field's tag and length, the trace id field, the span id, the parent fields, the
-    name and kind, the times and the tail (status, flags); the first and the name and kind, encoded."""
-    phase, parent_size = key
-    name = _PHASES[phase]
-    body = f"20s8s{parent_size}s{len(name)}sBQBQ{len(_PHASE_TAIL)}s"
-    head = b"\x12" + varint(struct.calcsize("<" + body))
-    return struct.Struct(f"<{len(head)}s{body}").pack, head, name
-
-
-_PHASE_FORMS: Final = _Cache(_phase_form)
-_REQUEST_NAMES: Final = _Cache(lambda model: _field(b"\x2a", f"ModelInfer {model}".encode()) + _KIND_SERVER)
-_MODEL_ATTRIBUTES: Final = _Cache(lambda key: _ATTRIBUTES["model_name", key[0]] + _ATTRIBUTES["model_version", key[1]])
-_REQUEST_TAILS: Final = _Cache(_request_tail)
-
-
-def _span(span: OtlpSpan) -> bytes:
-    """ScopeSpans.spans (2): one Span."""
-    body = b"\x0a\x10" + span.trace_id.to_bytes(16, "big") + b"\x12\x08" + span.span_id.to_bytes(8, "big")
-    if span.trace_state:
-        body += _STATES[span.trace_state]
-    if span.parent_id:
-        body += b"\x22\x08" + span.parent_id.to_bytes(8, "big")
-    body += _NAMES[span.name] + (_KIND_SERVER if span.server else _KIND_INTERNAL)
-    body += _TIMES.pack(0x39, span.start_ns, 0x41, span.end_ns)
-    for item in span.attributes:
-        body += _attribute(item) if item[0] == "request_id" else _ATTRIBUTES[item]
-    if span.status == 1 and not span.message:
-        body += _STATUS_OK
-    elif span.status == 0 and not span.message:
-        body += _STATUS_UNSET
-    else:
-        status = (_field(b"\x12", span.message.encode()) if span.message else b"") + b"\x18" + varint(span.status)
-        body += _field(b"\x7a", status)
-    body += _FLAGS_REMOTE if span.remote else _FLAGS_LOCAL
-    return b"\x12" + varint(len(body)) + body
-
-
-class Envelope(NamedTuple):
-    """What wraps the spans of an export request: the resource and the instrumentation scope, encoded."""
-
-    resource: bytes  # a Resource message
-    scope: bytes  # an InstrumentationScope message
-    resource_schema: str
-    scope_schema: str
-
-
-def encode(spans: Sequence[OtlpSpan], envelope: Envelope) -> bytes:
-    """An ExportTraceServiceRequest of `spans`, all of one resource and scope, encoded: byte for byte what the
-    SDK's OTLP encoder (`opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans`) writes for the same
-    spans as `readable_spans` makes them."""
-    return wrap(b"".join(map(_span, spans)), envelope)
-
-
-def wrap(spans: bytes, envelope: Envelope) -> bytes:
-    """An ExportTraceServiceRequest of spans already encoded (ScopeSpans.spans fields), encoded."""
-    scope_spans = _field(b"\x0a", envelope.scope) + spans
-    if envelope.scope_schema:
-        scope_spans += _field(b"\x1a", envelope.scope_schema.encode())
-    resource_spans = _field(b"\x0a", envelope.resource) + _field(b"\x12", scope_spans)
-    if envelope.resource_schema:
-        resource_spans += _field(b"\x1a", envelope.resource_schema.encode())
-    return _field(b"\x0a", resource_spans)
-
-
-def readable_spans(spans: Sequence[OtlpSpan], resource: Any, scope: Any) -> list[Any]:
-    """`spans` as the SDK's ReadableSpans (for exporters other than OTLP, and to check `encode`)."""
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-
-    out = []
-    for span in spans:
-        state = TraceState.from_header([span.trace_state]) if span.trace_state else TraceState()
-        context = SpanContext(span.trace_id, span.span_id, False, TraceFlags(TraceFlags.SAMPLED), state)
-        parent = SpanContext(span.trace_id, span.parent_id, span.remote) if span.parent_id else None
-        out.append(ReadableSpan(
-            name=span.name, context=context, parent=parent, resource=resource, attributes=dict(span.attributes),
-            kind=SpanKind.SERVER if span.server else SpanKind.INTERNAL, instrumentation_scope=scope,
-            status=Status(StatusCode(span.status), span.message or None), start_time=span.start_ns,
-            end_time=span.end_ns,
-        ))
-    return out
-
-
-def envelope_of(resource: Any, scope: Any) -> Envelope:
-    """The encoded resource and scope, as the SDK's OTLP encoder writes them (it encodes one probe span here)."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-    probe = OtlpSpan(1, 1, 0, False, "", "probe", False, 0, 0, (), 0, "")
-    resource_spans = encode_spans(readable_spans([probe], resource, scope)).resource_spans[0]
-    scope_spans = resource_spans.scope_spans[0]
-    return Envelope(resource_spans.resource.SerializeToString(), scope_spans.scope.SerializeToString(),
-                    resource_spans.schema_url, scope_spans.schema_url)
 
 
 # --- the observer -------------------------------------------------------------------------------------------------
@@ -372,7 +156,7 @@ class Tracing(Observer):
         self.max_queue = max(1, int(_env_number("OTEL_BSP_MAX_QUEUE_SIZE", 2048)) // _SPANS)
         self.batch_size = max(1, min(int(_env_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)) // _SPANS,
                                      self.max_queue))
-        self.queue: collections.deque[_Finished] = collections.deque()
+        self.queue: collections.deque[Finished] = collections.deque()
         self.dropped = 0
         self._wake = threading.Event()
         self._stopping = False
@@ -472,7 +256,7 @@ class Tracing(Observer):
         if len(self.queue) >= self.max_queue:
             self.dropped += 1
             return
-        self.queue.append(_new_finished(_Finished, (
+        self.queue.append(new_finished(Finished, (
             traced, model, version, request_id, state.get("transport", ""), status, message, start_ns, end_ns,
             phases, offset,
         )))
@@ -493,54 +277,6 @@ class Tracing(Observer):
                           offset)
 
     # --- the background thread --------------------------------------------------------------------------------------
-
-    def spans_of(self, finished: _Finished, ids: Iterator[int]) -> list[OtlpSpan]:
-        """A finished request's spans: the request's, then one per phase (their ids from `ids`)."""
-        traced = finished.traced
-        state = traced.trace_state
-        state_text = ",".join(f"{key}={value}" for key, value in state.items()) if state else ""
-        attributes = [("model_name", finished.model), ("model_version", finished.version),
-                      ("request_id", finished.request_id)]
-        if finished.transport:
-            attributes.append(("transport", finished.transport))
-        attributes.append(("status", finished.status))
-        spans = [OtlpSpan(
-            traced.trace_id, traced.span_id, traced.parent_id, traced.remote, state_text,
-            f"ModelInfer {finished.model}", True, finished.start_ns, finished.end_ns, tuple(attributes),
-            1 if finished.status == "OK" else 2, finished.message,
-        )]
-        offset = finished.offset
-        for phase, start, end in finished.phases:
-            spans.append(OtlpSpan(traced.trace_id, next(ids), traced.span_id, False, state_text, phase, False,
-                                  start + offset, end + offset, (), 0, ""))
-        return spans
-
-    def encoded(self, finished: _Finished, ids: Iterator[int]) -> bytes:
-        """`encode` of `spans_of(finished, ids)` without the whole's ScopeSpans envelope, written from parts that
-        repeat: the request's span from its model's, its outcome's and its ids' parts, the phases, which differ
-        only in ids, name and times, from their common parts (a third of the cost of `_span` each)."""
-        traced = finished.traced
-        state = traced.trace_state
-        state_field = _STATES[",".join(f"{key}={value}" for key, value in state.items()) if state else ""]
-        common = b"\x0a\x10" + traced.trace_id.to_bytes(16, "big") + b"\x12\x08"
-        span_id = traced.span_id.to_bytes(8, "big")
-        body = common + span_id + state_field
-        if traced.parent_id:
-            body += b"\x22\x08" + traced.parent_id.to_bytes(8, "big")
-        pack = _TIMES.pack
-        body += (_REQUEST_NAMES[finished.model] + pack(0x39, finished.start_ns, 0x41, finished.end_ns)
-                 + _MODEL_ATTRIBUTES[finished.model, finished.version]
-                 + _request_id(finished.request_id)
-                 + _REQUEST_TAILS[finished.transport, finished.status, finished.message, traced.remote])
-        out = [b"\x12", varint(len(body)), body]
-        # A phase: its length and trace id field, its span id, its parent, then its name, times and tail.
-        parent = state_field + b"\x22\x08" + span_id
-        offset, forms, size = finished.offset, _PHASE_FORMS, len(parent)
-        for phase, start, end in finished.phases:
-            pack_phase, head, name = forms[phase, size]
-            out.append(pack_phase(head, common, next(ids).to_bytes(8, "big"), parent, name, 0x39,
-                                  start + offset, 0x41, end + offset, _PHASE_TAIL))
-        return b"".join(out)
 
     def _run(self) -> None:
         while True:
@@ -569,10 +305,10 @@ class Tracing(Observer):
             ids = self.span_ids(sum(len(finished.phases) for finished in batch))  # the phases' span ids
             try:
                 if self.post is not None and self.envelope is not None:
-                    spans = b"".join([self.encoded(finished, ids) for finished in batch])
+                    spans = b"".join([encode_finished(finished, ids) for finished in batch])
                     self.post(wrap(spans, self.envelope), sum(1 + len(finished.phases) for finished in batch))
                 else:
-                    readable = [span for finished in batch for span in self.spans_of(finished, ids)]
+                    readable = [span for finished in batch for span in spans_of(finished, ids)]
                     self.exporter.export(readable_spans(readable, self.provider.resource, self.scope))
             except Exception:
                 log.exception("the trace exporter failed")
@@ -757,145 +493,3 @@ def _env_number(name: str, default: float) -> float:
     except ValueError:
         log.warning("%s=%r is not a number: %s", name, text, default)
         return default
-
-
-def _otlp_post(exporter: Any, protocol: str) -> Callable[[bytes, int], None] | None:
-    """How an encoded export request reaches the OTLP exporter's own transport (with the exporter's retries,
-    headers, compression, TLS), or None where this exporter's version offers no way in: its spans then go through
-    its `export`, encoded by the SDK."""
-    if protocol == "http/protobuf":
-        client = getattr(exporter, "_client", None)  # the exporter's HTTP client
-        if client is None or not callable(getattr(client, "export", None)):
-            return None
-
-        def post_http(payload: bytes, count: int) -> None:
-            result = client.export(payload)
-            if not getattr(result, "success", True):
-                log.warning("the OTLP export of %d span(s) failed", count)
-
-        return post_http
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    def post_grpc(payload: bytes, count: int) -> None:
-        exporter.export(_Encoded(ExportTraceServiceRequest.FromString(payload), count))
-
-    return post_grpc
-
-
-def _shared(exporter: Any) -> Any:
-    """The exporter as the SDK's processor of the spans models make sees it: that processor exports through it,
-    but its stop leaves the exporter running, for `Tracing.shutdown` stops the exporter (once, in time)."""
-    from opentelemetry.sdk.trace.export import SpanExporter
-
-    class Shared(SpanExporter):
-        def export(self, spans: Any) -> Any:
-            return exporter.export(spans)
-
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return bool(exporter.force_flush(timeout_millis))
-
-        def shutdown(self) -> None:
-            pass
-
-    return Shared()
-
-
-class _Encoded:
-    """A batch already made into its export request, for the gRPC exporter below."""
-
-    __slots__ = ("count", "request")
-
-    def __init__(self, request: Any, count: int) -> None:
-        self.request = request
-        self.count = count
-
-    def __len__(self) -> int:
-        return self.count
-
-
-def _grpc_exporter() -> Any:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-    class GrpcExporter(OTLPSpanExporter):
-        """The OTLP gRPC exporter (channel, retries, headers, compression), taking requests already made."""
-
-        def _translate_data(self, data: Any) -> Any:
-            return data.request if isinstance(data, _Encoded) else super()._translate_data(data)
-
-    return GrpcExporter()
-
-
-def _http_exporter() -> Any:
-    """The OTLP/HTTP exporter. Its default transport (`requests`) reads the environment's proxy and .netrc settings
-    again at each export, and costs about six times a plain `http.client` connection per export (`otlp_http`).
-    Where none of those settings can apply (a plain-HTTP endpoint that no proxy variable and no .netrc entry covers,
-    no credential provider's session), the exporter sends over such a connection; otherwise, or where this
-    exporter's version takes no transport, it keeps its default."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    exporter = OTLPSpanExporter()
-    if not _settings_cannot_apply(str(getattr(exporter, "_endpoint", ""))):
-        return exporter
-    try:
-        from .otlp_http import PlainHTTPTransport
-
-        lean = OTLPSpanExporter(_transport=PlainHTTPTransport())  # type: ignore[call-arg,unused-ignore]
-    except (ImportError, TypeError):  # an exporter without pluggable transports
-        return exporter
-    exporter.shutdown()  # type: ignore[no-untyped-call,unused-ignore]
-    return lean
-
-
-def _settings_cannot_apply(endpoint: str) -> bool:
-    """Whether requests would send to `endpoint` as is: plain HTTP, no proxy for it (requests' own reading of
-    the proxy variables and no_proxy), no .netrc credentials for its host, no credential provider's session."""
-    import requests.utils
-
-    if not endpoint.startswith("http://"):
-        return False  # HTTPS: requests' CA bundle (REQUESTS_CA_BUNDLE, certifi) is its own
-    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP{kind}_CREDENTIAL_PROVIDER") for kind in ("", "_TRACES")):
-        return False
-    return not requests.utils.get_environ_proxies(endpoint) and requests.utils.get_netrc_auth(endpoint) is None
-
-
-def configure(service_name: str) -> Tracing | None:
-    """The tracing observer the environment asks for, or None when tracing is off."""
-    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if not exporter_name or exporter_name == "none":
-        return None
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":  # the standard switch, as the SDK reads it
-        log.info("tracing off: OTEL_SDK_DISABLED=true")
-        return None
-    from opentelemetry import trace
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-    exporter: Any
-    protocol = ""
-    if exporter_name == "console":
-        exporter = ConsoleSpanExporter()
-    elif exporter_name == "otlp":
-        protocol = (
-            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "http/protobuf"
-        ).strip().lower()
-        if protocol == "grpc":
-            exporter = _grpc_exporter()
-        elif protocol == "http/protobuf":
-            exporter = _http_exporter()
-        else:
-            raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use http/protobuf or grpc")
-    else:
-        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: use otlp, console or none")
-    attributes: Mapping[str, str] = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
-    provider = TracerProvider(resource=Resource.create(dict(attributes)))  # sampler: OTEL_TRACES_SAMPLER
-    provider.add_span_processor(BatchSpanProcessor(_shared(exporter)))  # the spans models make themselves
-    trace.set_tracer_provider(provider)
-    scope = InstrumentationScope(_SCOPE)  # what provider.get_tracer(_SCOPE) would have
-    tracing = Tracing(provider, exporter, scope, _otlp_post(exporter, protocol) if protocol else None)
-    client = getattr(getattr(exporter, "_client", None), "_transport", None)
-    sending = f", {type(client).__name__}" if protocol == "http/protobuf" and client is not None else ""
-    log.info("tracing on: %s exporter%s", exporter_name, f" ({protocol}{sending})" if protocol else "")
-    return tracing

@@ -30,7 +30,7 @@ from ..core.repository import ModelRepository
 from ..grpc import Servicer
 from ..grpc.server import create_server
 from ..observe.observing import Observing
-from ..observe.tracing import configure
+from ..observe.tracing_setup import configure
 from ..rest.app import OipApp, create_app, metrics_app
 from ..rest.http import http_protocol
 from ..settings import Settings
