@@ -4,7 +4,7 @@
 # isort: skip_file
 """The data plane's interface: one coroutine per operation of the protocol, rendered from the spec.
 
-Each answers UNIMPLEMENTED until `DataPlane` (dataplane.py) implements it, so an operation added to the spec
+Each answers UNIMPLEMENTED until `DataPlane` (`dataplane`) implements it, so an operation added to the spec
 gets a REST route and a gRPC method at once, both answering 501 / UNIMPLEMENTED. Operations take and return the
 protobuf messages of the operation, except inference, which works on numpy tensors (`types`), and the operations
 that only REST has, which take the path fields and the JSON body and answer plain JSON (an iterator of JSON

@@ -2,8 +2,8 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""The REST operations of the spec, as the REST transport (`rest.py`) routes them: one `Endpoint` per operation
-and path, rendered from the plan."""
+"""The REST operations of the spec, as the REST transport (`app`, `handlers`) routes them: one `Endpoint` per
+operation and path, rendered from the plan."""
 
 from __future__ import annotations
 
