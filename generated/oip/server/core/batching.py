@@ -22,7 +22,7 @@ order, one at a time per model version, as Triton's dynamic batcher does with on
 
 Each request then goes on through the data plane like any other: its requested outputs, their order and their
 parameters (shared memory, classification, binary data) apply to its own rows. Each model call is reported as one
-execution (with the batch size, `timing.ExecutionRecord`); each request as usual, with its queue time.
+execution (with the batch size, `observe.events.ExecutionRecord`); each request as usual, with its queue time.
 """
 
 from __future__ import annotations

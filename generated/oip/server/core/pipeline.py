@@ -4,7 +4,7 @@
 # isort: skip_file
 """Inference, one way through: prepare -> schedule (alone, or in a dynamic batch) -> run -> finish.
 
-Every inference request, over ModelInfer, REST or a stream, goes through `Pipeline` with one `timing.Timer`:
+Every inference request, over ModelInfer, REST or a stream, goes through `Pipeline` with one `observe.events.Timer`:
 
 - prepare (`compute_input`): the model version is leased from the repository (unknown: NotFound; not ready:
   NotReady), a raw binary request gets its input's shape from the model (`validation.raw_input`), inputs held in

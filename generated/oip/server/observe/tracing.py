@@ -417,7 +417,7 @@ def _request_runtime(context: Any, trace: Any, make_context: Callable[[int, int,
 
     A request then attaches nothing when it starts and restores nothing when it ends (an attach and its undoing, a
     context and a span object per request, which most requests never read): while the request runs (it is
-    `timing.current()`) and no other context was attached since it started, the current context is the one it
+    `events.current()`) and no other context was attached since it started, the current context is the one it
     started in with the request's span, made when first asked for. A context a model attaches (its own span) is the
     current one until it is detached, as before. The runtime context replaces the API's default one (contextvars),
     and keeps its variable: what was attached before stays current. None, and nothing replaced, where the API's

@@ -6,14 +6,14 @@ gives the REST status and the gRPC code.
 
 The concerns live in their own modules; this one holds the operations:
 - inference (`model_infer`, `model_stream_infer`): one pipeline, prepare -> schedule or batch -> run -> finish,
-  with one timer whose records feed the statistics extension and any other observer (`pipeline`, `timing`);
-  the checks of requests and answers against the model's declarations are in `validation`, the classification
-  extension in `classification`, dynamic batching in `batching`, streams in `streaming`;
+  with one timer whose records feed the statistics extension and any other observer (`pipeline`, `accounting`,
+  `observe.events`); the checks of requests and answers against the model's declarations are in `validation`,
+  the classification extension in `classification`, dynamic batching in `batching`, streams in `streaming`;
 - Triton's generate extension (`generate`, `generate_stream`; REST only): a flat JSON request read against the
   model's declarations (`generate`) runs as a stream's request does, each response becomes a flat JSON answer;
   `generate` needs exactly one;
 - health and metadata; the model configuration extension (`configuration`, Triton's ModelConfig derived from the
-  model's declarations); statistics (`statistics`); system shared memory (`shared_memory`: register, unregister
+  model's declarations); statistics (`observe.statistics`); system shared memory (`shared_memory`: register, unregister
   and status of regions; inference reads inputs from and writes outputs to them); the model repository
   (`repository`: index, load, unload).
 """

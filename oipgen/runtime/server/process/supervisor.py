@@ -2,7 +2,7 @@
 each of them runs (`supervise(args, count, target)`: `main.run_worker`) and never imports the command line.
 
 The supervisor reserves the REST and gRPC ports (a port of 0 becomes a free one), makes a private folder for the
-workers' control sockets (`cluster.py`) and starts N workers, each a full server (data plane, models, both
+workers' control sockets (`cluster`) and starts N workers, each a full server (data plane, models, both
 transports) listening with SO_REUSEPORT, so the kernel spreads connections over them. It reports ready (the
 ports file, the log line) only once every worker is serving. A worker that dies is logged and started again; the
 new one copies the others' control-plane state before it listens, and the ports file names it once it does.
