@@ -6,6 +6,7 @@ functions and under TYPE_CHECKING included."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +159,31 @@ def test_each_wing_imports_only_the_wings_below_it() -> None:
 
 def test_the_core_and_the_errors_import_no_transport_library() -> None:
     assert transport_imports(SERVER) == []
+
+
+def test_the_transports_take_what_they_need_explicitly() -> None:
+    """No transport reaches into the data plane for a part of it by name (`getattr(dataplane, "metrics")`): the
+    composition root hands each what it needs. (An operation looked up by the endpoint's name is the dispatch.)"""
+    reached = [
+        f"{path.relative_to(SERVER)}:{node.lineno}"
+        for path in sorted(SERVER.rglob("*.py")) if path.relative_to(SERVER).parts[0] in ("rest", "grpc")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+        and isinstance(node.args[0], ast.Name) and "dataplane" in node.args[0].id
+        and isinstance(node.args[1], ast.Constant)
+    ]
+    assert reached == []
+
+
+def test_settings_are_frozen() -> None:
+    """What the server works out from its settings lives where it is worked out: the settings stay as given."""
+    from oip.server import DataPlane, ModelRepository, Settings
+
+    settings = Settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.extensions = ["parameters"]  # type: ignore[misc]
+    served = DataPlane(ModelRepository(), settings)
+    assert settings == Settings() and "parameters" in served.enabled
 
 
 def test_no_module_of_the_server_is_over_600_lines() -> None:

@@ -59,9 +59,12 @@ class Assembly:
     dataplane: DataPlane
 
     @classmethod
-    def build(cls, repository: ModelRepository, settings: Settings, peers: Peers | None = None) -> Assembly:
-        """The parts over `repository`: tracing as the OpenTelemetry environment asks (ValueError for a setting
-        it cannot honour), the statistics and metrics as `settings` ask; with `peers`, one worker of several."""
+    def build(cls, repository: ModelRepository | None, settings: Settings, peers: Peers | None = None) -> Assembly:
+        """The parts over `repository` (None: the folder `settings.model_repository`; its models are loaded by
+        whoever serves them): tracing as the OpenTelemetry environment asks (ValueError for a setting it cannot
+        honour), the statistics and metrics as `settings` ask; with `peers`, one worker of several."""
+        if repository is None:
+            repository = ModelRepository(settings.model_repository)
         observing = Observing.of(settings, repository.inflight, configure(settings.server_name))
         if peers is None:
             return cls(settings, repository, observing, DataPlane(repository, settings, observing))
@@ -124,6 +127,9 @@ async def serve(
     """
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
+    peers = None if worker is None else Peers(worker.folder, worker.index, worker.key)
+    assembly = Assembly.build(repository, settings, peers)
+    repository = assembly.repository
 
     def draining(name: str) -> None:
         log.info("received %s: draining in-flight requests, then stopping", name)
@@ -149,9 +155,6 @@ async def serve(
     sockets: list[socket.socket] = []
     grpc_server: grpc.Server | None = None
     control: ControlServer | None = None
-    assembly: Assembly | None = None
-    if repository is None:
-        repository = ModelRepository(settings.model_repository)
     # Plain `infer` methods run in the loop's default executor: exactly `model_threads` of them at once, the
     # instance count the model configuration extension reports.
     loop.set_default_executor(
@@ -161,12 +164,8 @@ async def serve(
         await repository.load_all()
         if stop.is_set():  # a signal came while the models loaded
             return
-        if worker is None:
-            assembly = Assembly.build(repository, settings)
-        else:
-            assembly = Assembly.build(repository, settings, Peers(worker.folder, worker.index, worker.key))
-            cluster = assembly.dataplane
-            assert isinstance(cluster, ClusterDataPlane)
+        cluster = assembly.dataplane
+        if worker is not None and isinstance(cluster, ClusterDataPlane):
             control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key, loop)
             if worker.copy_state:
                 await cluster.copy_state_from_peers()
@@ -235,8 +234,7 @@ async def serve(
         if metrics_http is not None and metrics_task is not None:
             metrics_http.should_exit = True
             await asyncio.gather(metrics_task, return_exceptions=True)
-        if assembly is not None:
-            await assembly.stop_tracing(deadline)
+        await assembly.stop_tracing(deadline)
         for sock in sockets:
             sock.close()
         await repository.unload_all()
