@@ -15,9 +15,9 @@ floor of the transport it uses beside what it spends.
 With `--memory`, the floor of the memory a large tensor costs instead: the synchronous server with 8 threads
 answers `identity_fp32` requests of `--elements` FP32 elements (bench/loadgen.py's `identity_grpc_raw` workload,
 c=1) with the identity's reply serialized once up front (the handler allocates nothing per call), under the glibc
-malloc settings our server gives itself (`oip.server.app.tune_allocator`: one arena, buffers up to 32 MiB on the
-heap); then our server on the same load. Each from a fresh start: its RSS at rest, and its peak (VmHWM during the
-warm-up and window) and growth over that. Outputs grpc_memory.{md,json}.
+malloc settings our server gives itself (`oip.server.process.allocator.tune_allocator`: one arena, buffers up to
+32 MiB on the heap); then our server on the same load. Each from a fresh start: its RSS at rest, and its peak (VmHWM
+during the warm-up and window) and growth over that. Outputs grpc_memory.{md,json}.
 
     python bench/grpc_floor.py [--duration 8] [--concurrency 8] [--out bench/results]
     python bench/grpc_floor.py --memory [--elements 1000000] [--duration 5] [--out bench/results]
@@ -72,13 +72,13 @@ def _identity_response(elements: int) -> bytes:
 
 
 def _tuned_malloc() -> dict[str, str]:
-    """glibc's malloc settings as `oip.server.app.tune_allocator` makes them, as the environment variables it
-    defers to."""
+    """glibc's malloc settings as `oip.server.process.allocator.tune_allocator` makes them, as the environment
+    variables it defers to."""
     sys.path.insert(0, str(ROOT / "generated"))
-    from oip.server import app
+    from oip.server.process import allocator
 
-    return {"MALLOC_ARENA_MAX": str(app._ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(app._MMAP_THRESHOLD),
-            "MALLOC_TRIM_THRESHOLD_": str(app._TRIM_THRESHOLD)}
+    return {"MALLOC_ARENA_MAX": str(allocator.ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(allocator.MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(allocator.TRIM_THRESHOLD)}
 
 
 def serve(variant: str, port: int, elements: int = 0) -> None:

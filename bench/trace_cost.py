@@ -1,16 +1,19 @@
 """What tracing costs per request, in process: the CPU a simple inference takes with metrics and tracing off,
 metrics on, and every request traced (OTLP/HTTP to bench/otlp_sink.py), on each transport's request path.
 
-The REST row drives the ASGI app directly (no sockets, no uvicorn); the gRPC row calls the handler that answers
-unary ModelInfer in a gRPC thread (no grpcio). Each measurement runs in a fresh process pinned to CPU 0 (the sink on
-CPU 1) and counts the CPU of every thread of it (the request's and the exporting one, up to the export of the last
-span) and of the request's thread alone. It also counts the Python calls a request makes on its thread: all of them,
-and those into the server's tracing module or OpenTelemetry (with tracing off: none, and OpenTelemetry's SDK is not
-even imported). A generated package (default: this checkout's `generated/`) can be compared with another
-(`--other DIR`, for instance `git archive <commit> generated | tar -x -C DIR`). Noise on a shared machine is lower
-than `make bench`'s (no load generator, CPU time rather than throughput), but compare only figures of the same run.
+The REST row drives the ASGI app directly (no sockets, no uvicorn); the gRPC rows call what answers unary ModelInfer
+(no grpcio): `grpc` the handler of the gRPC thread with the common request (raw inputs: the lean way),
+`grpc_general` the same handler with typed contents (the general way in the thread), `grpc_loop` the servicer's
+coroutine on the event loop (the way of every call the thread does not answer). Each measurement runs in a fresh
+process pinned to CPU 0 (the sink on CPU 1) and counts the CPU of every thread of it (the request's and the
+exporting one, up to the export of the last span) and of the request's thread alone. It also counts the Python
+calls a request makes on its thread: all of them, and those into the server's tracing module or OpenTelemetry
+(with tracing off: none, and OpenTelemetry's SDK is not even imported). A generated package (default: this
+checkout's `generated/`) can be compared with another (`--other DIR`, for instance `git archive <commit> generated
+| tar -x -C DIR`). Noise on a shared machine is lower than `make bench`'s (no load generator, CPU time rather than
+throughput), but compare only figures of the same run.
 
-    python bench/trace_cost.py [--requests 20000] [--repeats 3] [--other DIR]
+    python bench/trace_cost.py [--requests 20000] [--repeats 3] [--other DIR] [--transports rest,grpc,...]
 """
 
 from __future__ import annotations
@@ -28,15 +31,17 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 VARIANTS = ("bare", "metrics", "traced")
+TRANSPORTS = ("rest", "grpc", "grpc_general", "grpc_loop")
+# The server's modules of tracing
+TRACING = tuple(".server.observe." + name for name in ("tracing", "tracing_setup", "otlp", "otlp_http"))
 
 
 def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
     """In this process (started by `run`): CPU per request of `transport` under `variant`."""
     import numpy as np
     from oip.grpc import grpc_service_pb2 as pb
-    from oip.server import DataPlane, ModelRepository, Settings, grpc_servicer
-    from oip.server.grpc import Servicer
-    from oip.server.rest import create_app
+    from oip.server import Assembly, ModelRepository, Settings
+    from oip.server.grpc.in_thread import NOT_HERE, in_thread
 
     sys.path.insert(0, str(ROOT / "examples" / "models" / "simple"))
     from model import Simple  # type: ignore[import-not-found]
@@ -46,10 +51,11 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
         repository.add(Simple("simple"))
         await repository.load_all()
         settings = Settings(metrics=variant != "bare")
-        dataplane = DataPlane(repository, settings)
-        assert (dataplane.tracing is not None) == (variant == "traced")
+        server = Assembly.build(repository, settings)
+        dataplane = server.dataplane
+        assert server.tracing == (variant == "traced")
         if transport == "rest":
-            app = create_app(dataplane, settings)
+            app = server.rest_app()
             values = list(range(16))
             body = json.dumps({"inputs": [
                 {"name": name, "shape": [1, 16], "datatype": "INT32", "data": values} for name in ("INPUT0", "INPUT1")
@@ -77,12 +83,15 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                 await app(scope, receive, send)
                 assert sent[0]["status"] == 200, sent
         else:
-            handler = grpc_servicer._in_thread(dataplane, settings, Servicer(dataplane, settings).infer, "ModelInfer",
-                                               None)
+            servicer = server.servicer()
+            handler = in_thread(dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, server.tracing)
             message = pb.ModelInferRequest(model_name="simple")
             for name in ("INPUT0", "INPUT1"):
-                message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-                message.raw_input_contents.append(np.arange(16, dtype="<i4").tobytes())
+                tensor = message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+                if transport == "grpc_general":  # typed contents: not the lean way's request
+                    tensor.contents.int_contents.extend(range(16))
+                else:
+                    message.raw_input_contents.append(np.arange(16, dtype="<i4").tobytes())
 
             class Context:
                 def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -91,10 +100,17 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                 def abort(self, code: Any, details: str) -> None:
                     raise RuntimeError(details)
 
+                def code(self) -> None:
+                    return None
+
             context = Context()
 
-            async def one() -> None:
-                assert handler(message, context) is not grpc_servicer.NOT_HERE
+            if transport == "grpc_loop":
+                async def one() -> None:
+                    assert await servicer.ModelInfer(message, context)  # type: ignore[arg-type]
+            else:
+                async def one() -> None:
+                    assert handler(message, context) is not NOT_HERE
 
         for _ in range(2000):
             await one()
@@ -111,7 +127,7 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
             if event == "call":
                 calls["all"] += 1
                 module = frame.f_globals.get("__name__", "")
-                if module.endswith(".server.tracing") or module.startswith("opentelemetry"):
+                if module.endswith(TRACING) or module.startswith("opentelemetry"):
                     calls["tracing"] += 1
 
         counted = 200
@@ -152,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--other", type=Path, help="another generated package to measure beside this checkout's")
+    p.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated, of " + ", ".join(TRANSPORTS))
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -166,18 +184,19 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = os.environ[bench_run.servers.OTLP_ENV]
     try:
         for repeat in range(args.repeats):
-            for transport in ("rest", "grpc"):
+            for transport in args.transports.split(","):
                 for package in packages:
-                    figures = {v: run(package, transport, v, args.requests, endpoint) for v in VARIANTS}
+                    figures = {v: run(package, transport, v, args.requests, endpoint) for v in args.variants.split(",")}
                     cells = " | ".join(
                         f"{v} {f['cpu_us']:.1f} us (request's thread {f['thread_us']:.1f}; "
                         f"{f['calls']:.0f} calls, {f['tracing_calls']:.0f} of tracing; "
                         f"SDK {'loaded' if f['sdk'] else 'not loaded'})" for v, f in figures.items()
                     )
-                    added = figures["traced"]["cpu_us"] - figures["metrics"]["cpu_us"]
-                    note = f"; {figures['traced']['dropped']} dropped" if figures["traced"]["dropped"] else ""
-                    print(f"[{repeat + 1}] {transport} {package}: {cells} | tracing adds {added:.1f} us{note}",
-                          flush=True)
+                    added = note = ""
+                    if "traced" in figures and "metrics" in figures:
+                        added = f" | tracing adds {figures['traced']['cpu_us'] - figures['metrics']['cpu_us']:.1f} us"
+                        note = f"; {figures['traced']['dropped']} dropped" if figures["traced"]["dropped"] else ""
+                    print(f"[{repeat + 1}] {transport} {package}: {cells}{added}{note}", flush=True)
     finally:
         print("OTLP sink received:", bench_run.stop_sink(sink))
     return 0

@@ -1,17 +1,19 @@
 """The plan: what each operation needs from the templates, decided once, in Python, from the API model.
 
-Templates iterate over the plan instead of testing names: whether an operation is inference (its request
-carries tensors whose data may travel raw, `x-oip-raw`), whether it streams, which extension owns it (the tag
-with `x-oip-extension: true` on its REST forms), which REST bodies list every field at its default
-(`x-oip-print-defaults`), and the parameter keys the extensions reserve (`x-oip-extension` on a property of a
-parameter map). The extension list is the spec's tags, in their order.
+Templates iterate over the plan instead of testing names, and print what it decided; no template works out a fact
+the plan holds: whether an operation is inference (its request carries tensors whose data may travel raw,
+`x-oip-raw`), whether it streams, which extension owns it (the tag with `x-oip-extension: true` on its REST forms),
+its REST forms (`EndpointPlan`: which bodies list every field at its default, `x-oip-print-defaults`; which
+properties of the answer only REST has; each path variable's argument name and whether every form has it), and
+the parameter keys the extensions reserve (`x-oip-extension` on a property of a parameter map). The extension list
+is the spec's tags, in their order; the protobuf modules are the spec's proto files, in their order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import Api, Operation, RestEndpoint, Rpc
+from .api import Api, Operation, PathParam, RestEndpoint, RestOperation, Rpc
 from .bindings import bindings
 
 
@@ -36,6 +38,58 @@ class ParameterKey:
 
 
 @dataclass(frozen=True)
+class PathArg:
+    """A path variable of a REST form, as the operation's client method takes it."""
+
+    name: str  # the variable in the path: model_name
+    field: str  # the request field it fills: name
+    arg: str  # the method's argument: `model_name` -> `model`, `region_name` -> `region`, `*_version` -> `version`
+    required: bool  # every REST form of the operation has it (otherwise it picks the form that has it)
+
+
+@dataclass(frozen=True)
+class EndpointPlan:
+    """One REST form of an operation as the templates need it."""
+
+    endpoint: RestEndpoint
+    params: tuple[PathArg, ...]  # its path variables, in path order
+    print_defaults: bool  # the 200 body lists every field, defaults included (x-oip-print-defaults)
+    rest_only: tuple[str, ...]  # the 200 body's properties that only REST has (filled from the path field so named)
+
+    @property
+    def method(self) -> str:
+        return self.endpoint.method
+
+    @property
+    def path(self) -> str:
+        return self.endpoint.path
+
+    @property
+    def body(self) -> str | None:
+        return self.endpoint.body
+
+    @property
+    def body_required(self) -> bool:
+        return self.endpoint.body_required
+
+    @property
+    def response(self) -> str | None:
+        return self.endpoint.response
+
+    @property
+    def health(self) -> str | None:
+        return self.endpoint.health
+
+    @property
+    def events(self) -> bool:
+        return self.endpoint.events
+
+    @property
+    def summary(self) -> str:
+        return self.endpoint.summary
+
+
+@dataclass(frozen=True)
 class OperationPlan:
     """One operation as the templates need it."""
 
@@ -53,6 +107,9 @@ class OperationPlan:
     # For a streaming inference: the response wrapper's field holding the inference response, and its error text.
     stream_response_field: str | None
     stream_error_field: str | None
+    endpoints: tuple[EndpointPlan, ...]  # its REST forms (none: gRPC only)
+    widest: EndpointPlan | None  # the REST form with the most path variables: the client method's arguments
+    rest_only: tuple[str, ...]  # the properties of `response_schema` that only REST has
 
     @property
     def name(self) -> str:
@@ -72,8 +129,35 @@ class OperationPlan:
 
 
 @dataclass(frozen=True)
+class RestOnlyPlan:
+    """An operation that only REST has, as the templates need it."""
+
+    operation: RestOperation
+    endpoints: tuple[EndpointPlan, ...]
+    widest: EndpointPlan
+
+    @property
+    def name(self) -> str:
+        return self.operation.name
+
+    @property
+    def snake(self) -> str:
+        return self.operation.snake
+
+    @property
+    def events(self) -> bool:
+        return self.operation.events
+
+    @property
+    def reason(self) -> str:
+        return self.operation.reason
+
+
+@dataclass(frozen=True)
 class Plan:
     operations: tuple[OperationPlan, ...]
+    rest_operations: tuple[RestOnlyPlan, ...]  # the operations that only REST has
+    proto_modules: tuple[str, ...]  # the protobuf modules of the spec's proto files, without `_pb2`
     extensions: tuple[Extension, ...]
     parameters: tuple[ParameterKey, ...]
     infer_request: str  # full message names of the unary inference RPC
@@ -100,6 +184,33 @@ def _first(values: list[str | None]) -> str | None:
     return next((v for v in values if v), None)
 
 
+def _arg(param: PathParam) -> str:
+    """The client method's argument for a path variable: `model_name` -> `model`, `*_version` -> `version`."""
+    if param.name.endswith("_version"):
+        return "version"
+    return param.name.removesuffix("_name") if param.name.endswith("_name") else param.name
+
+
+def _rest_only(api: Api, schema: str | None) -> tuple[str, ...]:
+    return tuple(p.name for p in api.schema(schema).properties if p.field is None) if schema else ()
+
+
+def _endpoints(api: Api, rest: tuple[RestEndpoint, ...]) -> tuple[tuple[EndpointPlan, ...], EndpointPlan | None]:
+    """The REST forms of an operation, and the one with the most path variables (the first such)."""
+    everywhere = set.intersection(*({p.name for p in ep.params} for ep in rest)) if rest else set()
+    endpoints = tuple(
+        EndpointPlan(
+            endpoint=ep,
+            params=tuple(PathArg(p.name, p.field, _arg(p), p.name in everywhere) for p in ep.params),
+            print_defaults=bool(ep.response and api.schema(ep.response).raw.get("x-oip-print-defaults")),
+            rest_only=_rest_only(api, ep.response),
+        )
+        for ep in rest
+    )
+    widest = max(endpoints, key=lambda ep: len(ep.params), default=None)  # max keeps the first of equals
+    return endpoints, widest
+
+
 def make_plan(api: Api) -> Plan:
     """The plan of `api` (already checked by `oipgen.check`)."""
     extension_names = [t.name for t in api.tags if t.extension]
@@ -110,7 +221,6 @@ def make_plan(api: Api) -> Plan:
     if not unary:
         raise ValueError("the spec has no unary RPC whose request carries raw tensors (x-oip-raw): no inference")
     infer = unary[0]
-    schemas = {s.name: s for s in api.schemas}
 
     operations: list[OperationPlan] = []
     for op in api.operations:
@@ -119,6 +229,7 @@ def make_plan(api: Api) -> Plan:
         streaming = rpc.client_streaming or rpc.server_streaming
         owners = [t for ep in op.rest for t in ep.tags if t in extension_names]
         response_schema = _first([ep.response for ep in op.rest])
+        endpoints, widest = _endpoints(api, op.rest)
         stream_field = error_field = None
         if inference and rpc.response != infer.response:
             wrapper = api.message(rpc.response)
@@ -135,12 +246,19 @@ def make_plan(api: Api) -> Plan:
             body=_first([ep.body for ep in op.rest]),
             response_schema=response_schema,
             health=_first([ep.health for ep in op.rest]),
-            print_defaults=any(
-                bool(schemas[ep.response].raw.get("x-oip-print-defaults")) for ep in op.rest if ep.response
-            ),
+            print_defaults=any(ep.print_defaults for ep in endpoints),
             stream_response_field=stream_field,
             stream_error_field=error_field,
+            endpoints=endpoints,
+            widest=widest,
+            rest_only=_rest_only(api, response_schema),
         ))
+    rest_operations = []
+    for rest_op in api.rest_operations:
+        endpoints, widest = _endpoints(api, rest_op.rest)
+        if widest is None:
+            raise ValueError(f"the REST-only operation {rest_op.name} has no REST form")
+        rest_operations.append(RestOnlyPlan(rest_op, endpoints, widest))
 
     keys: dict[str, tuple[str, list[str]]] = {}
     for schema in api.schemas:
@@ -162,4 +280,6 @@ def make_plan(api: Api) -> Plan:
         )
         for tag in api.tags if tag.extension
     )
-    return Plan(tuple(operations), extensions, parameters, infer.request, infer.response, infer.name)
+    proto_modules = tuple(dict.fromkeys(name.removesuffix(".proto") for name in api.proto_files))
+    return Plan(tuple(operations), tuple(rest_operations), proto_modules, extensions, parameters, infer.request,
+                infer.response, infer.name)

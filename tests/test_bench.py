@@ -318,7 +318,7 @@ def test_allocator_tuning() -> None:
 
     def tune(**env: str) -> str:
         result = subprocess.run(
-            [sys.executable, "-c", "from oip.server import app; print(app.tune_allocator())"],
+            [sys.executable, "-c", "from oip.server.process import allocator; print(allocator.tune_allocator())"],
             env={**server_env(), **env}, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 0, result.stderr

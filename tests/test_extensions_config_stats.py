@@ -30,7 +30,7 @@ from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from oip.server import DataPlane, InvalidRequest, Model, ModelRepository, Settings, Tensor, TensorSpec, Unimplemented
-from oip.server.classification import classify
+from oip.server.core.classification import classify
 from oip.server.model import DynamicBatching
 from oip.server.types import InferRequest, RequestedOutput
 from serving import Server, assert_error_body, build_repository, check_simple, grpc_call, running

@@ -276,7 +276,7 @@ def test_clients_generate(server: Server) -> None:
 
 
 def test_shape_from_metadata() -> None:
-    from oip.server.generate import shape_for
+    from oip.server.core.generate import shape_for
 
     assert shape_for([1, 1], 1) == [1, 1]
     assert shape_for([-1], 3) == [3]

@@ -134,9 +134,9 @@ def test_package_data_is_read_at_import_and_is_the_spec_s() -> None:
     """The OpenAPI document and the golden cases ship as JSON beside the modules that read them, not as Python
     literals: the served document is the spec's, every case is there."""
     from oip import conformance
-    from oip.server import openapi
+    from oip.server.rest import document
 
     api = load_spec(SPEC)
-    assert api.openapi == openapi.DOCUMENT
+    assert api.openapi == document.DOCUMENT
     assert [(c.name, c.rest, c.grpc) for c in conformance.CASES] == [(e.name, e.rest, e.grpc) for e in api.examples]
-    assert (GENERATED / "oip" / "server" / "openapi.py").read_text().count("\n") < 40
+    assert (GENERATED / "oip" / "server" / "rest" / "document.py").read_text().count("\n") < 40

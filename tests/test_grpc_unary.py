@@ -1,4 +1,4 @@
-"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc_unary.UnaryInfer`), in process.
+"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc.in_thread.UnaryInfer`), in process.
 
 Every request it takes must get exactly the answer the general way gives (`Pipeline.infer_in_thread` and the
 transport's encoder: compared as parsed messages), be counted exactly as the general way counts it (statistics
@@ -21,9 +21,9 @@ import pytest
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings, TensorSpec
 from oip.server.grpc import decode_infer_request, encode_infer_response
-from oip.server.grpc_unary import UnaryInfer
+from oip.server.grpc.in_thread import UnaryInfer
 from oip.server.model import DynamicBatching
-from oip.server.timing import InferenceRecord, Observer
+from oip.server.observe.events import ExecutionRecord, InferenceRecord, Observer
 
 Arrays = dict[str, npt.NDArray[Any]]
 TIMEOUT = 30.0
@@ -230,23 +230,36 @@ def test_what_the_lean_way_does_not_take_is_left_untouched(case: str) -> None:
     assert dp.metrics is not None and not any(dp.metrics.pending.values())
 
 
-def test_another_observer_sends_requests_the_general_way() -> None:
-    dp = plane()
+def test_any_observer_is_told_on_the_lean_way_as_on_the_general_way() -> None:
+    """An observer of its own (not one the server makes) is told about a request the lean way answers, and one
+    it fails, exactly what the general way tells it: the lean way reports through the observers' one interface."""
+    dp = plane(Answers("failing", lambda i: 1 / 0))
     lean = lean_way(dp)
-    assert lean(request()) is not None
 
     class Seen(Observer):
         def __init__(self) -> None:
-            self.records: list[InferenceRecord] = []
+            self.told: list[tuple[Any, ...]] = []
 
         def request_finished(self, record: InferenceRecord) -> None:
-            self.records.append(record)
+            self.told.append(("request", record.model, record.version, record.batch_size, record.error_kind,
+                              [span.phase for span in record.spans], record.total_ns > 0))
+
+        def execution_finished(self, record: ExecutionRecord) -> None:
+            self.told.append(("execution", record.model, record.version, record.batch_size))
 
     seen = Seen()
     dp.observers.append(seen)
-    assert lean(request()) is None  # the general way tells it
-    general(dp, request())
-    assert len(seen.records) == 1
+    assert lean(request(id="lean")) is not None
+    lean_told = list(seen.told)
+    general(dp, request(id="general"))
+    assert lean_told and seen.told[len(lean_told):] == lean_told
+    seen.told.clear()
+    failing = request("failing", {"IN": np.ones(2, dtype=np.float32)})
+    with pytest.raises(ModelFailure):
+        lean(failing)
+    lean_told = list(seen.told)
+    assert isinstance(general(dp, failing), ModelFailure)
+    assert lean_told and seen.told[len(lean_told):] == lean_told
     dp.observers.remove(seen)
     assert lean(request()) is not None
 
@@ -260,7 +273,7 @@ class Peeking(Simple):
         self.seen: list[tuple[Any, Any]] = []
 
     def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        from oip.server.timing import current
+        from oip.server.observe.events import current
         from opentelemetry import trace
 
         self.seen.append((trace.get_current_span().get_span_context(), current()))
@@ -274,14 +287,13 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
     failure's span says so and has the phases it reached."""
     import secrets
 
-    from oip.server import tracing
+    from oip.server.observe import otlp, tracing
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     peeking = Peeking()
     dp = plane(peeking, Answers("failing", lambda i: 1 / 0))
-    dp.settings.tracing = True
     observer = tracing.Tracing(TracerProvider(), None, InstrumentationScope("oip.server"), lambda *sent: None)
     dp.observers.append(observer)
     lean = lean_way(dp)
@@ -297,7 +309,7 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
         finished = list(observer.queue)
         assert len(finished) == 2
         ids = iter(range(1, 1000))
-        lean_spans, general_spans = (observer.spans_of(f, ids) for f in finished[:2])
+        lean_spans, general_spans = (otlp.spans_of(f, ids) for f in finished[:2])
         assert [s.name for s in lean_spans] == [s.name for s in general_spans] == [
             "ModelInfer peeking", "compute_input", "queue", "compute_infer", "compute_output"]
         for ours, theirs in zip(lean_spans, general_spans, strict=True):
@@ -322,7 +334,7 @@ def test_tracing_takes_the_lean_way_with_the_general_ways_spans() -> None:
         with pytest.raises(ModelFailure):
             lean(request("failing", {"IN": np.array([1.5], np.float32)}, id="broken"), None)
         (failed,) = observer.queue
-        spans = observer.spans_of(failed, ids)
+        spans = otlp.spans_of(failed, ids)
         assert [s.name for s in spans] == ["ModelInfer failing", "compute_input", "queue", "compute_infer"]
         assert spans[0].status == 2 and "division by zero" in spans[0].message and spans[0].parent_id == 0
         assert dict(spans[0].attributes)["status"] == "MODEL_FAILURE"

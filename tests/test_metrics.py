@@ -1,4 +1,4 @@
-"""The metrics' bookkeeping, in process (`oip.server.metrics.Metrics`): what a scrape reads must be exactly what
+"""The metrics' bookkeeping, in process (`oip.server.observe.metrics.Metrics`): what a scrape reads must be exactly what
 happened, however it is counted on the hot path. Requests go through the REST app (ASGI, no sockets).
 
 - Pending requests are those started less those the statistics counted as finished: a request in flight counts,
@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, Settings, TensorSpec
-from oip.server.metrics import Metric, render
+from oip.server.observe.events import InferenceRecord, Observer
+from oip.server.observe.metrics import Metric, render
 from oip.server.rest import create_app
-from oip.server.timing import InferenceRecord, Observer
 
 TIMEOUT = 30.0
 KEY = (("model", "gate"), ("version", "1"))
@@ -120,7 +120,7 @@ def test_pending_counts_the_requests_in_flight(model_threads: int) -> None:
     dp = plane(gate, model_threads=model_threads)
     metrics = dp.metrics
     assert metrics is not None
-    app = create_app(dp, dp.settings)
+    app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
     async def main() -> list[int]:
         transport = httpx.ASGITransport(app=app)
@@ -193,7 +193,7 @@ def test_the_latency_histogram_is_the_statistics_own() -> None:
     assert metrics is not None
     seen = Recording()
     dp.observers.append(seen)
-    app = create_app(dp, dp.settings)
+    app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
     async def main() -> None:
         transport = httpx.ASGITransport(app=app)

@@ -562,7 +562,8 @@ def test_a_collector_that_is_down_holds_neither_the_requests_nor_the_stop(protoc
     assert code == 0, log
     assert took < grace + 3, (took, log)
     lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
-    assert any(x["logger"] == "oip.server.tracing" and "traced request(s) dropped" in x["message"] for x in lines), log
+    assert any(x["logger"] == "oip.server.observe.tracing" and "traced request(s) dropped" in x["message"]
+               for x in lines), log
 
 
 def test_only_inference_requests_are_spans(repository: Path, tmp_path: Path,
@@ -741,7 +742,7 @@ def test_the_configured_sampler_decides(repository: Path, tmp_path: Path,
 def test_the_otlp_encoding_is_the_sdks() -> None:
     """What the server writes for its spans is byte for byte what the SDK's OTLP encoder writes for the same
     spans: caller's parent or none, trace state, error with a message, non-ASCII and long values, many spans."""
-    from oip.server import tracing
+    from oip.server.observe import otlp, tracing
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -753,7 +754,7 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
     for i in range(60):
         trace_id, request_id = rng.getrandbits(128) | 1, rng.getrandbits(64) | 1
         start = time.time_ns() + rng.getrandbits(30)
-        spans.append(tracing.OtlpSpan(
+        spans.append(otlp.OtlpSpan(
             trace_id, request_id, rng.getrandbits(64) | 1 if i % 3 else 0, bool(i % 3), "vendor=a,other=b" if i % 2
             else "", f"ModelInfer model-{'x' * i}", True, start, start + 10**6,
             (("model_name", f"model-{'x' * i}"), ("model_version", "1"), ("request_id", "ré" * i),
@@ -761,17 +762,17 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
             1 if i % 4 else 2, "" if i % 4 else "the model failed: " + "ü" * i,
         ))
         for phase in ("compute_input", "queue", "compute_infer", "compute_output"):
-            spans.append(tracing.OtlpSpan(trace_id, rng.getrandbits(64) | 1, request_id, False, "", phase, False,
+            spans.append(otlp.OtlpSpan(trace_id, rng.getrandbits(64) | 1, request_id, False, "", phase, False,
                                           start + 1, start + 2 + i, (), 0, ""))
-    envelope = tracing.envelope_of(resource, scope)
+    envelope = otlp.envelope_of(resource, scope)
     for batch in (spans[:1], spans[:5], spans):
-        expected = encode_spans(tracing.readable_spans(batch, resource, scope)).SerializeToString()
-        assert tracing.encode(batch, envelope) == expected
+        expected = encode_spans(otlp.readable_spans(batch, resource, scope)).SerializeToString()
+        assert otlp.encode(batch, envelope) == expected
 
     # The server's path: requests through the observer (a root, a caller's with a trace state and a failure, a
     # decoupled one's phases), then the export request it writes, against the SDK's for the same spans.
     from oip.server.errors import ModelFailure
-    from oip.server.timing import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
+    from oip.server.observe.events import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
     from opentelemetry.sdk.trace import TracerProvider
 
     posted: list[tuple[bytes, int]] = []
@@ -788,11 +789,11 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
         batch = list(observer.queue)
         assert len(batch) == 2 and observer.envelope is not None
         ids = [rng.getrandbits(64) | 1 for _ in range(12)]  # six phases each: compute_input and the five above
-        spans = [span for i, finished in enumerate(batch) for span in observer.spans_of(finished, iter(ids[6 * i:]))]
+        spans = [span for i, finished in enumerate(batch) for span in otlp.spans_of(finished, iter(ids[6 * i:]))]
         assert [s.parent_id for s in spans[8:]] == [spans[7].span_id] * 6 and spans[7].trace_state == "vendor=a,other=b"
-        encoded = b"".join(observer.encoded(finished, iter(ids[6 * i:])) for i, finished in enumerate(batch))
-        expected = encode_spans(tracing.readable_spans(spans, resource, scope)).SerializeToString()
-        assert tracing.wrap(encoded, observer.envelope) == expected
+        encoded = b"".join(otlp.encode_finished(finished, iter(ids[6 * i:])) for i, finished in enumerate(batch))
+        expected = encode_spans(otlp.readable_spans(spans, resource, scope)).SerializeToString()
+        assert otlp.wrap(encoded, observer.envelope) == expected
     finally:
         observer.shutdown()
     assert sum(count for _, count in posted) == 14  # what was queued left at the stop
@@ -802,8 +803,8 @@ def test_the_otlp_encoding_is_the_sdks() -> None:
 def test_the_phase_spans_take_their_ids_from_the_configured_generator(generator: str) -> None:
     """The phases' span ids come from the tracer provider's id generator: the SDK's default one's are drawn at
     once (64 random bits each, never zero, all different here), any other's are asked one by one."""
-    from oip.server import tracing
-    from oip.server.timing import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
+    from oip.server.observe import tracing
+    from oip.server.observe.events import COMPUTE_INFER, COMPUTE_OUTPUT, QUEUE, Timer
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -859,7 +860,7 @@ def test_a_requests_own_span_context_is_what_the_api_makes() -> None:
     constructor gives (fields, validity, type); for a `SpanContext` built otherwise, the constructor is used."""
     import types
 
-    from oip.server import tracing
+    from oip.server.observe import tracing
     from opentelemetry import trace
 
     make = tracing._own_span_context(trace)
@@ -888,8 +889,8 @@ def test_the_running_request_is_current_without_attaching(monkeypatch: pytest.Mo
     API's runtime context is another one, the request attaches its context instead, with the same result."""
     import contextvars
 
-    from oip.server import tracing
-    from oip.server.timing import Timer, notify_started
+    from oip.server.observe import tracing
+    from oip.server.observe.events import Observers, Timer
     from opentelemetry import context, trace
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
     from opentelemetry.sdk.trace import TracerProvider
@@ -902,7 +903,7 @@ def test_the_running_request_is_current_without_attaching(monkeypatch: pytest.Mo
         variable = context._RUNTIME_CONTEXT._current_context  # what attaching sets
         before = variable.get()
         timer = Timer("id", None, "rest")
-        notify_started((observer,), timer, "simple", "1")
+        Observers([observer]).request_started(timer, "simple", "1")
         traced = timer.state["otel"]
         during = trace.get_current_span().get_span_context()
         attached = variable.get() is not before
@@ -966,8 +967,8 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
     """A sampler whose decision depends on the parent's flags only is not asked per request: what the request's
     span gets (sampled or not, trace state) is what the sampler answers, for a root, a remote parent sampled or
     not (with a trace state), and a local parent sampled or not; any other sampler is asked."""
-    from oip.server import tracing
-    from oip.server.timing import Timer, notify_started
+    from oip.server.observe import tracing
+    from oip.server.observe.events import Observers, Timer
     from opentelemetry import context, trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import _KNOWN_SAMPLERS
@@ -989,7 +990,7 @@ def test_a_sampler_that_follows_the_parent_decides_as_when_asked(name: str) -> N
                 parent = observer.propagator.extract(caller) if caller else context.get_current()
                 expected = sampler.should_sample(parent, 1, "ModelInfer simple", trace.SpanKind.SERVER, {})
                 timer = Timer("id", caller, "grpc")
-                notify_started((observer,), timer, "simple", "1")  # as the pipeline starts a request
+                Observers([observer]).request_started(timer, "simple", "1")  # as the pipeline starts a request
                 traced = timer.state["otel"]
                 assert traced.sampled == expected.decision.is_sampled(), (caller, current)
                 assert traced.trace_state == expected.trace_state, (caller, current)
@@ -1019,8 +1020,8 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The OTLP/HTTP exporter sends over a plain connection of its own only where requests, its default, would
     send the same request: a plain-HTTP endpoint that no proxy variable and no .netrc entry covers."""
-    from oip.server import tracing
-    from oip.server.otlp_http import PlainHTTPTransport
+    from oip.server.observe import tracing_setup
+    from oip.server.observe.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
 
     netrc = tmp_path / "netrc"
@@ -1030,7 +1031,7 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
     for name, value in environment.items():
         monkeypatch.setenv(name, value.format(netrc=netrc))
-    exporter = tracing._http_exporter()
+    exporter = tracing_setup._http_exporter()
     try:
         transport = exporter._client._transport
         assert type(transport) is (PlainHTTPTransport if lean else RequestsHTTPTransport)
@@ -1043,7 +1044,7 @@ def test_the_plain_http_transport_keeps_its_connection_and_tells_errors_as_the_e
     connection, with the exporter's body and headers; one the receiver dropped is made again and the export
     succeeds; an answer's headers are read whatever their case; a refused connection is a connection error, an answer
     that does not come in time is not; closing ends a request waiting for its answer."""
-    from oip.server.otlp_http import PlainHTTPTransport
+    from oip.server.observe.otlp_http import PlainHTTPTransport
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     seen: list[tuple[str, bytes, str, int]] = []
@@ -1116,8 +1117,8 @@ def test_a_plain_traceparent_is_read_as_the_propagator_reads_it() -> None:
     """The request path reads a plain traceparent itself: what it reads is exactly the SDK propagator's span
     context, and anything else (another version, uppercase, spaces, zero ids, a tracestate) is left to the
     propagator; either way the request's span joins the same trace under the same parent, sampled the same."""
-    from oip.server import tracing
-    from oip.server.timing import Timer
+    from oip.server.observe import tracing
+    from oip.server.observe.events import Timer
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -1155,11 +1156,12 @@ OFF_PATH = """
 import asyncio, json, sys, threading
 import httpx
 from oip.grpc import grpc_service_pb2 as pb
-from oip.server import DataPlane, ModelRepository, Settings, grpc_servicer
-from oip.server.grpc import Servicer
-from oip.server.rest import create_app
+from oip.server import Assembly, ModelRepository, Settings
+from oip.server.grpc.in_thread import NOT_HERE, in_thread
 sys.path.insert(0, sys.argv[1])
 from model import Simple
+
+TRACING = tuple(".server.observe." + name for name in ("tracing", "tracing_setup", "otlp", "otlp_http"))
 
 class Context:  # what the gRPC handler reads of its call
     def invocation_metadata(self):
@@ -1170,15 +1172,16 @@ async def main():
     repository.add(Simple("simple"))
     await repository.load_all()
     settings = Settings()
-    dataplane = DataPlane(repository, settings)
-    app = create_app(dataplane, settings)
+    server = Assembly.build(repository, settings)
+    dataplane = server.dataplane
+    app = server.rest_app()
     body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
                        for n in ("INPUT0", "INPUT1")]}
     calls = []  # the functions of tracing and OpenTelemetry the requests call, on their threads
 
     def profile(frame, event, arg):
         module = frame.f_globals.get("__name__", "")
-        if event == "call" and (module.endswith(".server.tracing") or module.startswith("opentelemetry")):
+        if event == "call" and (module.endswith(TRACING) or module.startswith("opentelemetry")):
             calls.append(module + "." + frame.f_code.co_name)
 
     sys.setprofile(profile)
@@ -1187,12 +1190,12 @@ async def main():
         answer = await client.post("/v2/models/simple/infer", json=body,
                                    headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
         assert answer.status_code == 200, answer.text
-    handler = grpc_servicer._in_thread(dataplane, settings, Servicer(dataplane, settings).infer, "ModelInfer", None)
+    handler = in_thread(dataplane.pipeline, settings, server.servicer().infer, "ModelInfer", None, server.tracing)
     message = pb.ModelInferRequest(model_name="simple")
     for name in ("INPUT0", "INPUT1"):
         message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         message.raw_input_contents.append(bytes(64))
-    assert handler(message, Context()) is not grpc_servicer.NOT_HERE
+    assert handler(message, Context()) is not NOT_HERE
     sys.setprofile(None)
     threading.setprofile(None)
     served = dataplane.statistics.for_model("simple", "1").inference_count

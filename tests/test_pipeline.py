@@ -9,6 +9,7 @@ and equalities between two records of one run, never speed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,7 +33,7 @@ from oip.server import (
 )
 from oip.server.errors import ErrorKind
 from oip.server.model import DynamicBatching
-from oip.server.timing import PHASES, ExecutionRecord, InferenceRecord, Observer
+from oip.server.observe.events import PHASES, ExecutionRecord, InferenceRecord, Observer
 
 pytestmark = pytest.mark.anyio
 
@@ -250,9 +251,10 @@ async def test_a_raw_binary_request_gets_its_shape_from_the_model() -> None:
     assert out.shape == [2, 4] and out.data is not None and out.data.tolist() == [[0, 2, 4, 6], [8, 10, 12, 14]]
     with pytest.raises(InvalidRequest, match="does not fit input 'IN'"):
         await dp.model_infer(InferRequest("slow", raw_input=body[:-4]))  # 7 elements: not [2, k]
-    dp.settings.max_tensor_elements = 4
+    small = DataPlane(dp.repository, dataclasses.replace(dp.settings, max_tensor_elements=4))  # settings are frozen
+    small.observers.append(seen)
     with pytest.raises(TooLarge, match="8 elements"):
-        await dp.model_infer(InferRequest("slow", raw_input=body))
+        await small.model_infer(InferRequest("slow", raw_input=body))
     assert [(r.ok, r.error_kind) for r in seen.requests] == [
         (True, None), (False, ErrorKind.INVALID_ARGUMENT), (False, ErrorKind.TOO_LARGE)
     ]

@@ -55,7 +55,7 @@ def test_hooks_keep_a_vendored_copy_in_step_with_its_spec(tmp_path: Path) -> Non
     stale = run(check)
     assert stale.returncode == 1 and "changed: grpc/grpc_service_pb2.py" in stale.stderr
     # Only what the change reaches is stale: the runtime modules and the REST models are not.
-    assert "changed: server/dataplane.py" not in stale.stderr and "changed: models.py" not in stale.stderr
+    assert "changed: server/core/dataplane.py" not in stale.stderr and "changed: models.py" not in stale.stderr
     assert run(build).returncode == 0
     assert run(check).returncode == 0
 

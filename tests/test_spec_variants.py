@@ -67,7 +67,7 @@ def test_an_rpc_added_is_planned(built: dict[str, Path]) -> None:
     facts = _python(built["rpc_added"], """
 import json
 from oip.client import RestClient
-from oip.server.dataplane_base import DataPlaneBase
+from oip.server.core.dataplane_base import DataPlaneBase
 from oip.server.rest import ENDPOINTS
 print(json.dumps({
     "base": hasattr(DataPlaneBase, "server_live_again"),

@@ -17,8 +17,8 @@ from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import wire
 from oip.server import Settings
 from oip.server import rest as server_rest
+from oip.server.core.validation import check_output
 from oip.server.errors import InvalidRequest
-from oip.server.validation import check_output
 
 SETTINGS = Settings()
 

@@ -22,12 +22,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = commands.add_parser("serve", help="serve models over REST and gRPC",
                                 description="Serve the models of a repository over REST and gRPC.")
-    from .server import app
+    from .server.process import main as server
 
-    app.build_parser(serve)
+    server.build_parser(serve)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return app.run(args)
+        return server.run(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

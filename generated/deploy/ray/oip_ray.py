@@ -33,10 +33,8 @@ from ray import serve
 from oip.grpc import model_config_pb2 as pb_model_config
 from oip.grpc import grpc_service_pb2 as pb_grpc_service
 from oip import extensions
-from oip.server import DataPlane, ModelRepository, Settings
-from oip.server.dataplane import SHARED_MEMORY, UNSUPPORTED
-from oip.server.grpc import Servicer
-from oip.server.rest import create_app
+from oip.server import Assembly, ModelRepository, Settings
+from oip.server.core.dataplane import SHARED_MEMORY, UNSUPPORTED
 
 __all__ = ["Server", "build"]
 
@@ -93,11 +91,11 @@ class Server:
         self.settings = Settings(model_repository=Path(model_repository), **{"extensions": list(_EXTENSIONS), **settings})
         self.repository = ModelRepository(self.settings.model_repository)
         await self.repository.load_all()
-        self.dataplane = DataPlane(self.repository, self.settings)
-        self.servicer = Servicer(self.dataplane, self.settings)
+        self.assembly = Assembly.build(self.repository, self.settings)
+        self.servicer = self.assembly.servicer()
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.dataplane, self.settings)
+        return self.assembly.rest_app()
 
     async def __del__(self) -> None:
         await self.repository.unload_all()

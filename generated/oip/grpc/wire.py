@@ -15,13 +15,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["field_entries", "read_varint", "split_field", "varint", "with_defaults"]
+__all__ = ["ONE_BYTE_VARINTS", "field_entries", "read_varint", "split_field", "varint", "with_defaults"]
+
+ONE_BYTE_VARINTS: Final = tuple(bytes((n,)) for n in range(0x80))
+"""The varint of each integer below 128, by value: `ONE_BYTE_VARINTS[n] if n < 128 else varint(n)` writes one
+without a call where it is written per request."""
 
 
 def varint(value: int) -> bytes:
     """The base-128 varint of a non-negative integer."""
+    if value < 0x80:
+        return ONE_BYTE_VARINTS[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

@@ -4,22 +4,30 @@
 # isort: skip_file
 """One error model for both transports.
 
-The data plane raises `OipError` with a kind; REST maps the kind to a status and the body `{"error": message}`,
-gRPC to a status code. A model's own exception becomes MODEL_FAILURE: its message travels, its traceback never.
+The data plane raises `OipError` with a kind; each transport maps the kind to its answer (REST: a status and the
+body `{"error": message}`, `rest.handlers.HTTP_STATUS`; gRPC: a status code, `grpc.servicer.GRPC_CODE`). Anything
+else a request raises becomes one of these through `failure`, the one place that classifies exceptions: a model's
+own exception becomes MODEL_FAILURE (its message travels, its traceback never), a bug "internal server error".
 
 Messages echo what the client sent (names, keys, values), and a client may send 60,000 characters of name:
 `bounded` cuts every quoted value to `MAX_ECHO` characters and the whole message to `MAX_MESSAGE`. Every message
-that leaves the server passes through it: `OipError` applies it, and each transport applies it to the few
-errors that are not `OipError`s (codec and converter errors, the framework's own).
+that leaves the server passes through it: `OipError` applies it, and `failure` makes every other exception an
+`OipError`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import enum
+import logging
 import re
 from typing import Final
 
-import grpc
+from ..codec import CodecError
+from ..convert_base import ConvertError
+
+log = logging.getLogger(__name__)
 
 
 class ErrorKind(enum.Enum):
@@ -32,31 +40,6 @@ class ErrorKind(enum.Enum):
     ALREADY_EXISTS = "already_exists"
     CANCELLED = "cancelled"
     EXHAUSTED = "exhausted"  # a server-wide limit is reached (shared memory regions, mapped bytes)
-
-
-HTTP_STATUS: dict[ErrorKind, int] = {
-    ErrorKind.INVALID_ARGUMENT: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.NOT_READY: 503,  # Settings.not_ready_status may make it 400, as Triton and MLServer answer
-    ErrorKind.UNIMPLEMENTED: 501,
-    ErrorKind.MODEL_FAILURE: 500,
-    ErrorKind.TOO_LARGE: 413,
-    ErrorKind.ALREADY_EXISTS: 400,  # as Triton (a shared memory region registered twice)
-    ErrorKind.CANCELLED: 499,  # the caller went away; recorded, never sent
-    ErrorKind.EXHAUSTED: 429,
-}
-
-GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
-    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.NOT_READY: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.UNIMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorKind.MODEL_FAILURE: grpc.StatusCode.INTERNAL,
-    ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
-    ErrorKind.EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
 
 
 MAX_ECHO: Final = 200
@@ -131,3 +114,24 @@ class Cancelled(OipError):
 
 class Exhausted(OipError):
     kind = ErrorKind.EXHAUSTED
+
+
+# Exceptions that mean the caller went away: the request's coroutine or generator was stopped, or its call cancelled.
+_CANCELLED: Final = (asyncio.CancelledError, concurrent.futures.CancelledError, GeneratorExit)
+
+
+def failure(exc: BaseException, doing: str = "") -> OipError:
+    """`exc` as the protocol's error: an OipError as it is; a value the codec or the converters refuse (a request
+    that does not decode, an answer that does not encode) INVALID_ARGUMENT; a cancellation CANCELLED; anything else
+    MODEL_FAILURE with the message "internal server error (<its type>)". Such an unexpected exception is logged with
+    its traceback when `doing` says what the server was doing ("answering a REST request"); the traceback never
+    leaves the server."""
+    if isinstance(exc, OipError):
+        return exc
+    if isinstance(exc, CodecError | ConvertError):
+        return InvalidRequest(str(exc))
+    if isinstance(exc, _CANCELLED):
+        return Cancelled("the request was cancelled")
+    if doing:
+        log.error("unexpected error %s", doing, exc_info=exc)
+    return ModelFailure(f"internal server error ({type(exc).__name__})")

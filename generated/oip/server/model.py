@@ -78,7 +78,7 @@ import numpy.typing as npt
 from .. import datatypes
 
 if TYPE_CHECKING:
-    from .metrics import ModelMetrics
+    from .observe.model_metrics import ModelMetrics
 
 __all__ = ["DynamicBatching", "InferResult", "Model", "TensorSpec", "call_hook", "check_model"]
 
@@ -240,7 +240,7 @@ class Model:
         `self.metrics.counter("tokens", "Tokens generated").inc(n)`, `.gauge(...)`, `.histogram(...)`; extra label
         names are given when registering and their values with `.labels(...)`. Register once (in `load`, say):
         the same name gives the same metric."""
-        from .metrics import ModelMetrics
+        from .observe.model_metrics import ModelMetrics
 
         return ModelMetrics(self.name, self.version)
 

@@ -2,7 +2,8 @@
 # Rebuild with `oipgen build`; hand edits are overwritten.
 # ruff: noqa
 # isort: skip_file
-"""Server settings, with safe defaults. Every field can be set from `python -m <package> serve` flags."""
+"""Server settings, with safe defaults. Every field can be set from `python -m <package> serve` flags. Frozen: what the
+server works out from them (the extensions it serves, whether tracing is on) lives where it is worked out."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from .. import GENERATOR_VERSION
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     host: str = "127.0.0.1"
     http_port: int = 8000  # 0 picks a free port; None serves no REST
@@ -35,7 +36,6 @@ class Settings:
     metrics_buckets: tuple[float, ...] = (
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
     )
-    tracing: bool = False  # set by the data plane when the OpenTelemetry environment turns tracing on
     graceful_shutdown_seconds: float = 30.0
     # gRPC calls served at once, each on a thread of its own (a stream holds one for its whole life).
     grpc_threads: int = 128
@@ -55,7 +55,7 @@ class Settings:
     shared_memory_max_bytes: int = 16 * 1024**3
     # The extensions to serve, by Triton's names (`extensions.EXTENSIONS`); None: every one this server can. An
     # extension left out is not listed in server metadata, its operations answer 501 / UNIMPLEMENTED, and a
-    # request that uses it is refused (see the README). The data plane replaces None with what it serves.
+    # request that uses it is refused (see the README). The data plane works out what it serves (`DataPlane.enabled`).
     extensions: list[str] | None = None
     # Worker threads that run the models' plain (non-async) `infer` and hooks: the event loop's default executor
     # while serving. The model configuration extension reports it as the instance count of such models.

@@ -1,0 +1,74 @@
+"""One construct for the bookkeeping of every inference request, whichever way it runs (`Inference`).
+
+REST, gRPC on the event loop or in its thread, the lean gRPC way, streams and dynamic batches: each request is held
+by one `Inference` from the moment its model version is leased to its record. Entering holds the model version
+(it is not unloaded meanwhile) and tells the observers the request started; leaving releases it and tells them
+how it ended, exactly once, as a success or as the failure the exception it left with means (`errors.failure`).
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from ..errors import failure
+from ..model import Model
+from ..observe.events import InferenceRecord, Observers, Timer
+from .repository import ModelRepository
+
+__all__ = ["Inference"]
+
+
+class Inference:
+    """`with Inference(repository, observers, model, timer) as run:` one inference request of `model` (from
+    `repository.get`), timed by `timer`.
+
+    On the general ways the timer times the phases; before leaving, the request says its batch size
+    (`run.batch_size`) and whether it ran the model by itself (`run.alone`: its run is reported with it; the
+    batcher reports the runs of batches). The lean gRPC way gives `start` (its first moment on
+    `time.perf_counter_ns`'s clock) and notes the moments it reaches (`queued`, `started`, `ended`) instead; its
+    timer may be None (see `Observers.request_started`).
+
+    A plain class with slots and no generator: every request pays for it.
+    """
+
+    __slots__ = ("_observers", "_repository", "alone", "batch_size", "ended", "model", "queued", "request_id",
+                 "start", "started", "timer")
+
+    def __init__(self, repository: ModelRepository, observers: Observers, model: Model, timer: Timer | None,
+                 request_id: str = "", start: int = 0) -> None:
+        if timer is None and not start:
+            raise TypeError("an inference is timed by a timer, or by the moments the lean way notes from `start`")
+        repository.acquire(model)
+        self._repository = repository
+        self._observers = observers
+        self.model = model
+        self.timer = timer
+        self.request_id = request_id
+        self.batch_size = 1
+        self.alone = True
+        self.start = start
+        self.queued = self.started = self.ended = 0
+        observers.request_started(timer, model.name, model.version)
+
+    def __enter__(self) -> Inference:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        model, observers, timer = self.model, self._observers, self.timer
+        self._repository.release(model)
+        if timer is not None and not self.start:  # a general way: its timer's record
+            if exc is not None:
+                observers.request_finished(timer.record(model.name, model.version, 1, failure(exc)))
+            elif self.alone:
+                observers.request_ran_alone(timer.record(model.name, model.version, self.batch_size))
+            else:
+                observers.request_finished(timer.record(model.name, model.version, self.batch_size))
+        elif exc is None:  # the lean way: its moments
+            observers.ran_alone(timer, model.name, model.version, self.request_id, self.start, self.queued,
+                                self.started, self.ended, time.perf_counter_ns())
+        else:
+            observers.request_finished(InferenceRecord.from_marks(
+                model.name, model.version, self.request_id, failure(exc), self.start, self.queued, self.started,
+                self.ended, time.perf_counter_ns(), timer,
+            ))

@@ -1,0 +1,244 @@
+"""Dynamic batching: concurrent requests to one model merged into one `infer` call.
+
+A model that declares `dynamic_batching` (and `max_batch_size >= 1`) gets one queue per served version. The data
+plane validates each request as usual, then hands its input arrays (batch dimension first, 1..max_batch_size
+rows) and its parameters to the queue and awaits its own share of the answer. The queue forms batches in arrival
+order, one at a time per model version, as Triton's dynamic batcher does with one model instance:
+
+- requests batch together only when every input has the same dtype and the same shape after the batch dimension,
+  and the request parameters are equal (the model gets one `parameters` mapping per call); a request that matches
+  no other runs alone;
+- a batch closes as soon as it holds `max_batch_size` rows, or as soon as its first requests make up one of the
+  `preferred_batch_size` (the largest such), or when its oldest request has waited `max_queue_delay_microseconds`;
+  with a delay of 0, whatever accumulated while the previous batch ran goes at once, so batches form by
+  themselves under load;
+- the inputs are concatenated on the first axis (numpy), the model runs once, and every output is split back on
+  the first axis by each request's row count (views, no copies). An output whose first dimension is not the
+  batch's row count fails every request of the batch (model failure), as does an exception in the model.
+
+Each request then goes on through the data plane like any other: its requested outputs, their order and their
+parameters (shared memory, classification, binary data) apply to its own rows. Each model call is reported as one
+execution (with the batch size, `observe.events.ExecutionRecord`); each request as usual, with its queue time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ModelFailure
+from ..model import Model
+from ..observe.events import ExecutionRecord
+
+__all__ = ["Batcher", "Report", "RunModel", "batch_key", "batch_rows", "is_batching"]
+
+log = logging.getLogger(__name__)
+
+Arrays = dict[str, npt.NDArray[Any]]
+BatchResult = tuple[dict[str, Any], dict[str, Any]]  # (outputs of one request, response parameters)
+
+_NS_PER_US: Final = 1000
+
+RunModel = Callable[[Model, Arrays, dict[str, Any]], Awaitable[tuple[Any, int, int]]]
+"""How the batcher calls the model (`Pipeline.run`): the result, and when the call started and ended."""
+Report = Callable[[ExecutionRecord], None]
+"""Where the batcher reports each model run (`Pipeline` passes it to the observers)."""
+
+
+def is_batching(model: Model) -> bool:
+    """Whether requests to `model` go through the dynamic batcher (decoupled models never do)."""
+    return (
+        getattr(model, "dynamic_batching", None) is not None
+        and model.max_batch_size >= 1
+        and not getattr(model, "decoupled", False)
+    )
+
+
+def batch_rows(inputs: Mapping[str, npt.NDArray[Any]]) -> int | None:
+    """The request's batch size: the first dimension shared by every input; None when there is none."""
+    rows: int | None = None
+    for array in inputs.values():
+        if array.ndim == 0:
+            return None
+        if rows is None:
+            rows = int(array.shape[0])
+        elif int(array.shape[0]) != rows:
+            return None
+    return rows
+
+
+def batch_key(inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]) -> Hashable:
+    """Requests with equal keys can share a model call: same inputs with the same dtype and shape after the
+    batch dimension, and equal parameters (compared with their types: 1, 1.0 and true differ)."""
+    tensors = tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(inputs.items()))
+    params = tuple((key, type(value).__name__, value) for key, value in sorted(parameters.items()))
+    return tensors, params
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    inputs: Arrays
+    parameters: dict[str, Any]
+    rows: int
+    key: Hashable
+    arrived: int
+    future: asyncio.Future[tuple[BatchResult, int, int, int]]
+
+
+@dataclass(eq=False)
+class _Queue:
+    """The pending requests of one model version and the task that serves them."""
+
+    model: Model
+    run: RunModel
+    pending: deque[_Entry] = field(default_factory=deque)
+    arrival: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Batcher:
+    """The dynamic batching queues of the models being served (one per model version)."""
+
+    def __init__(self, report: Report | None = None) -> None:
+        self._queues: dict[int, _Queue] = {}
+        self._report = report
+
+    async def infer(
+        self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunModel
+    ) -> tuple[BatchResult, int, int, int]:
+        """This request's share of a batched call, `(outputs, response parameters)`, and when (in
+        `time.perf_counter_ns`) its batch was formed, the model started and the model ended. `inputs` are
+        validated arrays with the batch dimension first; `run` calls the model."""
+        rows = batch_rows(inputs)
+        loop = asyncio.get_running_loop()
+        entry = _Entry(
+            inputs=inputs,
+            parameters=parameters,
+            rows=rows if rows is not None else 0,
+            key=batch_key(inputs, parameters) if rows is not None else object(),  # no batch size: runs alone
+            arrived=time.perf_counter_ns(),
+            future=loop.create_future(),
+        )
+        queue = self._queues.get(id(model))
+        if queue is None or queue.model is not model:
+            queue = self._queues[id(model)] = _Queue(model, run)
+        queue.pending.append(entry)
+        queue.arrival.set()
+        if queue.task is None or queue.task.done():
+            queue.task = asyncio.create_task(self._serve(queue), name=f"batcher {model.name} {model.version}")
+        return await entry.future
+
+    async def _serve(self, queue: _Queue) -> None:
+        try:
+            while True:
+                batch = await self._next_batch(queue)
+                if not batch:
+                    break
+                await self._run(queue, batch)
+        finally:
+            if self._queues.get(id(queue.model)) is queue and not queue.pending:
+                del self._queues[id(queue.model)]
+
+    async def _next_batch(self, queue: _Queue) -> list[_Entry]:
+        """The next batch, once it is due; empty when nothing is pending."""
+        model = queue.model
+        settings = model.dynamic_batching
+        delay_ns = settings.max_queue_delay_microseconds * _NS_PER_US if settings is not None else 0
+        preferred = set(settings.preferred_batch_size) if settings is not None else set()
+        limit = model.max_batch_size
+        while True:
+            while queue.pending and queue.pending[0].future.done():  # cancelled while waiting
+                queue.pending.popleft()
+            if not queue.pending:
+                return []
+            head = queue.pending[0]
+            batch: list[_Entry] = []
+            rows = 0
+            best = 0  # the longest prefix of `batch` whose rows are a preferred batch size
+            for entry in queue.pending:
+                if entry.key != head.key or entry.future.done():
+                    continue
+                if batch and rows + entry.rows > limit:
+                    break
+                batch.append(entry)
+                rows += entry.rows
+                if rows in preferred:
+                    best = len(batch)
+            now = time.perf_counter_ns()
+            deadline = head.arrived + delay_ns
+            if rows < limit and now < deadline and head.rows and best:
+                batch = batch[:best]
+            if rows >= limit or best or now >= deadline or head.rows == 0:
+                taken = {id(entry) for entry in batch}
+                queue.pending = deque(e for e in queue.pending if id(e) not in taken and not e.future.done())
+                return batch
+            queue.arrival.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(queue.arrival.wait(), (deadline - now) / 1e9)
+
+    async def _run(self, queue: _Queue, batch: list[_Entry]) -> None:
+        model = queue.model
+        start = time.perf_counter_ns()
+        try:
+            if len(batch) == 1:
+                inputs = batch[0].inputs
+            else:
+                inputs = {
+                    name: np.concatenate([entry.inputs[name] for entry in batch], axis=0) for name in batch[0].inputs
+                }
+            rows = sum(entry.rows for entry in batch)
+            result, run_start, run_end = await queue.run(model, inputs, batch[0].parameters)
+            shares = _split(model, result, [entry.rows for entry in batch], rows if len(batch) > 1 else None)
+            done = time.perf_counter_ns()
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else ModelFailure("the batch was cancelled")
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if self._report is not None:
+            self._report(
+                ExecutionRecord(model.name, model.version, rows, run_start - start, run_end - run_start, done - run_end)
+            )
+        for entry, share in zip(batch, shares, strict=True):
+            if not entry.future.done():
+                entry.future.set_result((share, start, run_start, run_end))
+
+
+def _split(model: Model, result: Any, sizes: list[int], rows: int | None) -> list[BatchResult]:
+    """Each request's share of a batch's result; with `rows` None (a batch of one) the result itself."""
+    outputs: Any = result
+    parameters: Any = {}
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Mapping):
+        outputs, parameters = result
+    if not isinstance(outputs, Mapping) or not isinstance(parameters, Mapping):
+        # Let the data plane report what is wrong, as for an unbatched call.
+        return [(outputs, parameters)] if rows is None else [(outputs, parameters)] * len(sizes)
+    if rows is None:
+        return [(dict(outputs), dict(parameters))]
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for name, value in outputs.items():
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise ModelFailure(
+                f"model '{model.name}' returned output '{name}' with shape {list(array.shape)} for a batch of {rows}: "
+                "the first dimension of every output must be the batch size"
+            )
+        arrays[name] = array
+    shares: list[BatchResult] = []
+    start = 0
+    for size in sizes:
+        shares.append(({name: array[start:start + size] for name, array in arrays.items()}, dict(parameters)))
+        start += size
+    return shares

@@ -1,0 +1,251 @@
+"""The gRPC server: grpcio's synchronous server (a pool of threads) in front of the asynchronous data plane.
+
+Why not grpc.aio: measured per call on the same load (bench/grpc_floor.py, bare servers answering ModelInfer
+with fixed bytes), the synchronous server costs about two thirds of grpc.aio's CPU, on asyncio's loop or
+uvloop's. So the port is served by `grpc.server` and its threads, and each call takes one of two ways:
+
+- in the thread: unary ModelInfer on a model that allows it (`Pipeline.runs_in_thread`: a plain `infer`, no
+  dynamic batching, not decoupled) is decoded, run through the data plane's pipeline and encoded in the gRPC
+  thread, never touching the event loop (`in_thread`);
+- on the loop: every other call runs the servicer's coroutine (`service.Servicer`: the same code, the same
+  errors) on the event loop, and the thread waits for it. Request streams are read by a thread of their own and
+  handed to the coroutine; its responses come back to the gRPC thread through a bounded queue (a slow reader
+  holds the stream, not the server's memory). A call the client cancels cancels its coroutine.
+
+Each call holds a thread of the pool while it runs, a stream for its whole life: `Settings.grpc_threads` bounds
+the calls served at once (more wait for a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+
+from ..core.pipeline import Pipeline
+from ..observe.metrics import Metrics
+from .in_thread import NOT_HERE, in_thread
+from .servicer import ServicerBase, method_handlers, observer, status
+
+__all__ = ["create_server", "threaded_server"]
+
+_WINDOW: Final = 64  # responses of a stream queued for the gRPC thread, and requests queued for the coroutine
+_END: Final = object()
+
+
+class _LoopContext:
+    """What the transport's coroutines see of a call: grpc.aio's context over the synchronous one. `abort` records
+    the status for the gRPC thread to send; metadata and peer are the call's."""
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._context = context
+        self.status: tuple[grpc.StatusCode, str] | None = None
+
+    def invocation_metadata(self) -> Any:
+        return self._context.invocation_metadata()
+
+    def peer(self) -> str:
+        return self._context.peer()
+
+    def time_remaining(self) -> float | None:
+        return self._context.time_remaining()
+
+    def code(self) -> grpc.StatusCode | None:
+        return self.status[0] if self.status is not None else None
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self.status = (code, details)
+        raise grpc.aio.AbortError()
+
+
+def _finish(context: grpc.ServicerContext, loop_context: _LoopContext, exc: BaseException) -> Any:
+    """Answer a call whose coroutine failed: its recorded status, or the status of what it raised."""
+    if isinstance(exc, grpc.aio.AbortError) and loop_context.status is not None:
+        context.abort(*loop_context.status)
+    context.abort(*status(exc))
+
+
+def _cancel(future: concurrent.futures.Future[Any]) -> None:
+    future.cancel()  # no effect on a call that is done
+
+
+class _Bridge:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def run(self, coroutine: Any, context: grpc.ServicerContext) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        context.add_callback(lambda: _cancel(future))  # the call ended: cancelled by the client, or done
+        return future.result()
+
+    def requests(self, iterator: Iterator[Any]) -> AsyncIterator[Any]:
+        """A call's request stream, for a coroutine: read by a thread of its own, with backpressure."""
+        loop = self.loop
+        items: asyncio.Queue[Any] = asyncio.Queue(_WINDOW)
+
+        def read() -> None:
+            try:
+                for item in iterator:
+                    asyncio.run_coroutine_threadsafe(items.put(item), loop).result()
+                end: Any = _END
+            except BaseException as exc:  # the call was cancelled or broke: the coroutine sees it end
+                end = exc
+            # RuntimeError, CancelledError: the loop is gone (shutting down).
+            with contextlib.suppress(RuntimeError, concurrent.futures.CancelledError):
+                asyncio.run_coroutine_threadsafe(items.put(end), loop).result()
+
+        threading.Thread(target=read, name="oip-grpc-requests", daemon=True).start()
+
+        async def stream() -> AsyncIterator[Any]:
+            while True:
+                item = await items.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    if isinstance(item, grpc.RpcError):  # the client went away: nothing more to read
+                        return
+                    raise item
+                yield item
+
+        return stream()
+
+    def responses(self, replies: Callable[[], AsyncIterator[Any]], context: grpc.ServicerContext,
+                  loop_context: _LoopContext) -> Iterator[Any]:
+        """A coroutine's responses, for the gRPC thread to send, at most _WINDOW ahead of the client."""
+        out: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        credit = asyncio.Semaphore(_WINDOW)  # released by the gRPC thread as it sends
+
+        async def pump() -> None:
+            try:
+                async for reply in replies():
+                    await credit.acquire()
+                    out.put((True, reply))
+            except BaseException as exc:
+                out.put((False, exc))
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                out.put((False, _END))
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self.loop)
+        context.add_callback(lambda: _cancel(future))
+        while True:
+            ok, item = out.get()
+            if ok:
+                self.loop.call_soon_threadsafe(credit.release)
+                yield item
+                continue
+            if item is _END:
+                return
+            _finish(context, loop_context, item)
+            return
+
+
+def _unary_unary(bridge: _Bridge, behavior: Any, fast: Callable[[Any, Any], Any] | None) -> Callable[..., Any]:
+    def handle(request: Any, context: grpc.ServicerContext) -> Any:
+        if fast is not None:
+            reply = fast(request, context)
+            if reply is not NOT_HERE:
+                return reply
+        loop_context = _LoopContext(context)
+        try:
+            return bridge.run(behavior(request, loop_context), context)
+        except BaseException as exc:
+            return _finish(context, loop_context, exc)
+
+    return handle
+
+
+def _stream_unary(bridge: _Bridge, behavior: Any) -> Callable[..., Any]:
+    def handle(iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        loop_context = _LoopContext(context)
+        try:
+            return bridge.run(behavior(bridge.requests(iterator), loop_context), context)
+        except BaseException as exc:
+            return _finish(context, loop_context, exc)
+
+    return handle
+
+
+def _unary_stream(bridge: _Bridge, behavior: Any) -> Callable[..., Any]:
+    def handle(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        loop_context = _LoopContext(context)
+        yield from bridge.responses(lambda: behavior(request, loop_context), context, loop_context)
+
+    return handle
+
+
+def _stream_stream(bridge: _Bridge, behavior: Any) -> Callable[..., Any]:
+    def handle(iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        loop_context = _LoopContext(context)
+        yield from bridge.responses(lambda: behavior(bridge.requests(iterator), loop_context), context,
+                                    loop_context)
+
+    return handle
+
+
+def threaded_server(
+    service: str,
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]],
+    fast: dict[str, Callable[[Any, Any], Any]],
+    loop: asyncio.AbstractEventLoop,
+    threads: int,
+    options: list[tuple[str, Any]],
+) -> grpc.Server:
+    """A synchronous server of `service` whose calls run `handlers` (grpc.aio behaviours: coroutines, async
+    generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread."""
+    bridge = _Bridge(loop)
+    sync: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for name, handler in handlers.items():
+        wire = {"request_deserializer": handler.request_deserializer,
+                "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None:
+            sync[name] = grpc.unary_unary_rpc_method_handler(
+                _unary_unary(bridge, handler.unary_unary, fast.get(name)), **wire)
+        elif handler.unary_stream is not None:
+            sync[name] = grpc.unary_stream_rpc_method_handler(_unary_stream(bridge, handler.unary_stream), **wire)
+        elif handler.stream_unary is not None:
+            sync[name] = grpc.stream_unary_rpc_method_handler(_stream_unary(bridge, handler.stream_unary), **wire)
+        elif handler.stream_stream is not None:
+            sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream), **wire)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="oip-grpc")
+    server = grpc.server(pool, options=options)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
+    server.add_registered_method_handlers(service, sync)
+    return server
+
+
+def create_server(
+    servicer: ServicerBase, *, pipeline: Pipeline | None = None, metrics: Metrics | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> grpc.Server:
+    """The gRPC server answering every RPC of `servicer`'s service from its data plane: grpcio's thread pool
+    server; with `pipeline` (the data plane's), unary inference on a model that allows it runs wholly in the gRPC
+    thread, everything else as the servicer's coroutines on `loop` (default: the running one: call from the event
+    loop); `metrics` counts every answer. Bind it with `add_insecure_port`.
+
+    Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), and a port
+    already in use is an error rather than shared, unless `settings.reuse_port` (the workers of `--workers N`).
+    """
+    settings = servicer.settings
+    limit = settings.max_request_bytes
+    observe = observer(servicer.service, metrics, settings.access_log)
+    handlers = method_handlers(servicer, observe)
+    fast = {} if pipeline is None else {
+        rpc.name: in_thread(pipeline, settings, servicer.infer, rpc.name, observe, servicer.tracing)
+        for rpc in servicer.rpcs if rpc.fast
+    }
+    options = [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+    ]
+    return threaded_server(servicer.service, handlers, fast, loop or asyncio.get_running_loop(),
+                           settings.grpc_threads, options)

@@ -1,0 +1,245 @@
+"""`python -m <package> serve`: the command line, and what runs (`run`): one server process (`serve`), or
+`--workers N` of them under one supervisor (`supervisor`), which is handed what each worker runs (`run_worker`).
+
+`python -m <package> serve --model-repository DIR` loads every model of the repository, listens on both
+ports and serves until SIGTERM or SIGINT; then it stops accepting connections, lets the requests in flight
+finish (up to `--graceful-shutdown-seconds`), unloads the models and exits 0. A second signal exits at once
+with status 128 + the signal's number.
+Port 0 picks a free port; `--ports-file F` writes `{"http": N, "grpc": M}` to F once both listen.
+`--workers N` runs N such servers on the same ports under one supervisor (`supervisor`, `cluster`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from ... import extensions
+from ..observe.logs import configure_logging
+from ..settings import Settings
+from .allocator import MMAP_THRESHOLD, tune_allocator
+from .cluster import WorkerRole
+from .serve import serve
+from .supervisor import cpu_count, supervise
+
+PACKAGE: Final = __name__.rsplit(".", 3)[0]  # the generated package's name, as vendored
+
+__all__ = ["build_parser", "main", "run", "run_worker", "settings_from_args"]
+
+log = logging.getLogger(__name__)
+
+_LEVELS: Final = ("critical", "error", "warning", "info", "debug")
+
+
+def _port(text: str) -> int | None:
+    if text.lower() in ("off", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range 0-65535")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _buckets(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(sorted({float(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not values or values[0] <= 0 or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"bucket bounds must be positive numbers, got {text!r}")
+    return values
+
+
+def _workers(text: str) -> str:
+    if text != "auto":
+        _positive(text)
+    return text
+
+
+def worker_count(value: str) -> int:
+    return cpu_count() if value == "auto" else int(value)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The options of `serve` (added to `parser` when given). Defaults are those of `Settings`."""
+    defaults = Settings()
+    p = parser or argparse.ArgumentParser(prog=f"{PACKAGE} serve", description="Serve models over REST and gRPC.")
+    p.add_argument("--model-repository", type=Path, default=defaults.model_repository, metavar="DIR",
+                   help="folder of models: one sub-folder with a model.toml per model")
+    p.add_argument("--host", default=defaults.host, help="address to listen on (default: %(default)s)")
+    p.add_argument("--http-port", type=_port, default=defaults.http_port, metavar="PORT",
+                   help="REST port; 0 picks a free one, 'off' serves no REST (default: %(default)s)")
+    p.add_argument("--grpc-port", type=_port, default=defaults.grpc_port, metavar="PORT",
+                   help="gRPC port; 0 picks a free one, 'off' serves no gRPC (default: %(default)s)")
+    p.add_argument("--grpc-threads", type=_positive, default=defaults.grpc_threads, metavar="N",
+                   help="gRPC calls served at once, a thread each; a stream holds one while open "
+                        "(default: %(default)s)")
+    p.add_argument("--workers", type=_workers, default="1", metavar="N",
+                   help="server processes sharing the ports (SO_REUSEPORT) under one supervisor; 'auto': one per "
+                        "available core (default: %(default)s)")
+    p.add_argument("--ports-file", type=Path, metavar="FILE",
+                   help='once listening, write {"http": N, "grpc": M} to FILE (for tests and scripts)')
+    p.add_argument("--server-name", default=defaults.server_name, help="name in server metadata")
+    p.add_argument("--server-version", default=defaults.server_version, help="version in server metadata")
+    p.add_argument("--not-ready-status", type=int, choices=(400, 503), default=defaults.not_ready_status,
+                   help="REST status of a not-ready answer: 503 (default) or 400, as Triton and MLServer answer")
+    p.add_argument("--max-request-bytes", type=_positive, default=defaults.max_request_bytes, metavar="N",
+                   help="largest REST body and gRPC message, each way (default: %(default)s)")
+    p.add_argument("--max-tensor-elements", type=_positive, default=defaults.max_tensor_elements, metavar="N",
+                   help="most elements per tensor, checked before anything is allocated (default: %(default)s)")
+    p.add_argument("--graceful-shutdown-seconds", type=float, default=defaults.graceful_shutdown_seconds,
+                   metavar="S", help="how long requests in flight may finish after SIGTERM (default: %(default)s)")
+    p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
+                   help="REST: close a connection (408) whose request line and headers take longer "
+                        "(default: %(default)s)")
+    p.add_argument("--http-body-timeout", type=_positive_float, default=defaults.http_body_timeout, metavar="S",
+                   help="REST: close a connection (408) whose request body pauses longer between two pieces "
+                        "(default: %(default)s)")
+    p.add_argument("--http-keep-alive-seconds", type=_positive, default=defaults.http_keep_alive_seconds,
+                   metavar="S", help="REST: close a keep-alive connection idle this long (default: %(default)s)")
+    p.add_argument("--shared-memory", choices=("system", "off"), default=defaults.shared_memory,
+                   help="system shared memory extension: 'system' (as Triton: any object the server's user can open, "
+                        "unless --shared-memory-prefix) or 'off' (default: %(default)s)")
+    p.add_argument("--shared-memory-prefix", default=defaults.shared_memory_prefix, metavar="PREFIX",
+                   help="register only shared memory keys that start with PREFIX, such as /myapp_ (default: any)")
+    p.add_argument("--shared-memory-max-regions", type=_positive, default=defaults.shared_memory_max_regions,
+                   metavar="N", help="most shared memory regions registered at once (default: %(default)s)")
+    p.add_argument("--shared-memory-max-bytes", type=_positive, default=defaults.shared_memory_max_bytes,
+                   metavar="N", help="most bytes mapped for shared memory regions in all (default: %(default)s)")
+    p.add_argument("--log-level", choices=_LEVELS, default=defaults.log_level, help="default: %(default)s")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="text lines, or one JSON object per line (default: %(default)s)")
+    p.add_argument("--access-log", action="store_true", default=defaults.access_log,
+                   help="log one line per request, REST and gRPC: status, duration, sizes (logger oip.access)")
+    p.add_argument("--extensions", type=_extensions, default=None, metavar="LIST",
+                   help="comma-separated extensions to serve, by Triton's names (default: every one this server "
+                        f"can serve); the protocol's: {', '.join(extensions.EXTENSIONS)}. One left out is not "
+                        "listed in server metadata and its operations answer 501 / UNIMPLEMENTED")
+    p.add_argument("--model-threads", type=_positive, default=defaults.model_threads, metavar="N",
+                   help="worker threads running models' plain infer() methods; the instance count the model "
+                        "configuration reports (default: %(default)s)")
+    p.add_argument("--metrics", choices=("on", "off"), default="on" if defaults.metrics else "off",
+                   help="Prometheus metrics at GET /metrics (default: %(default)s)")
+    p.add_argument("--metrics-port", type=_port, default=defaults.metrics_port, metavar="PORT",
+                   help="also serve /metrics on a separate listener on PORT (0 picks a free one)")
+    p.add_argument("--metrics-buckets", type=_buckets, default=defaults.metrics_buckets, metavar="S,S,...",
+                   help="upper bounds in seconds of the request duration histogram's buckets")
+    return p
+
+
+def _extensions(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in extensions.EXTENSIONS:
+            raise argparse.ArgumentTypeError(
+                f"unknown extension {name!r}; choose from {', '.join(extensions.EXTENSIONS)}"
+            )
+    return names
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings(
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        model_repository=args.model_repository,
+        server_name=args.server_name,
+        server_version=args.server_version,
+        not_ready_status=args.not_ready_status,
+        max_request_bytes=args.max_request_bytes,
+        max_tensor_elements=args.max_tensor_elements,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        grpc_threads=args.grpc_threads,
+        metrics=args.metrics == "on",
+        metrics_port=args.metrics_port,
+        metrics_buckets=args.metrics_buckets,
+        graceful_shutdown_seconds=args.graceful_shutdown_seconds,
+        http_header_timeout=args.http_header_timeout,
+        http_body_timeout=args.http_body_timeout,
+        http_keep_alive_seconds=args.http_keep_alive_seconds,
+        extensions=args.extensions,
+        model_threads=args.model_threads,
+        shared_memory=args.shared_memory,
+        shared_memory_prefix=args.shared_memory_prefix,
+        shared_memory_max_regions=args.shared_memory_max_regions,
+        shared_memory_max_bytes=args.shared_memory_max_bytes,
+    )
+
+
+def _runner() -> asyncio.Runner:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`serve` on the command line: parse the options, serve, and return the exit status."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve with the options `build_parser` parsed; the exit status."""
+    settings = settings_from_args(args)
+    configure_logging(settings.log_level, args.log_format)
+    if settings.model_repository is not None and not settings.model_repository.is_dir():
+        log.error("model repository %s is not a directory", settings.model_repository)
+        return 2
+    workers = worker_count(args.workers)
+    if workers > 1:
+        return supervise(args, workers, run_worker)
+    return _serve_process(args, settings)
+
+
+def run_worker(args: argparse.Namespace, worker: WorkerRole) -> int:
+    """One worker of `--workers N` (what the supervisor runs in each worker process): serve on the shared ports;
+    the exit status."""
+    return _serve_process(args, dataclasses.replace(settings_from_args(args), reuse_port=True), worker)
+
+
+def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
+    if tune_allocator():
+        log.debug("allocator: buffers up to %d bytes stay on the heap", MMAP_THRESHOLD)
+    try:
+        with _runner() as runner:
+            runner.run(serve(settings, ports_file=args.ports_file, worker=worker))
+    except ValueError as exc:  # settings the server cannot honour (an extension it cannot serve here)
+        log.error("%s", exc)
+        return 2
+    except (OSError, RuntimeError) as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,224 @@
+"""`serve --workers N`: N server processes on the same ports, under one supervising process, which is handed what
+each of them runs (`supervise(args, count, target)`: `main.run_worker`) and never imports the command line.
+
+The supervisor reserves the REST and gRPC ports (a port of 0 becomes a free one), makes a private folder for the
+workers' control sockets (`cluster`) and starts N workers, each a full server (data plane, models, both
+transports) listening with SO_REUSEPORT, so the kernel spreads connections over them. It reports ready (the
+ports file, the log line) only once every worker is serving. A worker that dies is logged and started again; the
+new one copies the others' control-plane state before it listens, and the ports file names it once it does.
+SIGTERM or SIGINT is passed on to every worker as SIGTERM: each drains its requests in flight, and the supervisor
+exits 0 when all did. A second signal kills the workers at once. If the supervisor itself is killed, the workers
+get SIGTERM (Linux' parent-death signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Final
+
+from ..observe.logs import configure_logging
+from .cluster import WorkerRole, socket_path
+from .sockets import Ports, SignalLatch, bound_socket, write_ports_file
+
+__all__ = ["Target", "cpu_count", "supervise"]
+
+Target = Callable[[argparse.Namespace, WorkerRole], int]
+"""What a worker process runs, given the options and its role; its exit status (`main.run_worker`). A module's
+function: the spawned process imports it by name."""
+
+log = logging.getLogger(__name__)
+
+_RESTARTS: Final = 5  # a worker that dies this many times within _RESTART_WINDOW seconds stops the server
+_RESTART_WINDOW: Final = 60.0
+_POLL: Final = 0.2
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (`--workers auto`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too."""
+    return bound_socket(host, port, reuse_port=True)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this process when the supervisor dies, whatever killed it (Linux' PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
+def _worker_main(target: Target, args: argparse.Namespace, role: WorkerRole, log_format: str) -> None:
+    """The entry point of a worker process (spawned: a fresh interpreter)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor passes Ctrl-C on as SIGTERM
+    configure_logging(args.log_level, log_format)
+    raise SystemExit(target(args, role))
+
+
+class _Supervisor:
+    def __init__(self, args: argparse.Namespace, count: int, target: Target) -> None:
+        self.args = args
+        self.count = count
+        self.target = target
+        self.folder = Path(tempfile.mkdtemp(prefix="oip-workers-"))  # mode 0700
+        self.key = os.urandom(32)
+        self.context = multiprocessing.get_context("spawn")
+        self.workers: dict[int, BaseProcess] = {}
+        self.restarts: dict[int, list[float]] = {i: [] for i in range(count)}
+        self.signals = SignalLatch(self.draining, self.killing)
+        self.metrics_port: int | None = None
+
+    def ready_file(self, index: int) -> Path:
+        return self.folder / f"worker-{index}.json"
+
+    def start(self, index: int, copy_state: bool) -> None:
+        self.ready_file(index).unlink(missing_ok=True)
+        args = argparse.Namespace(**vars(self.args))
+        args.workers = "1"
+        args.ports_file = self.ready_file(index)
+        role = WorkerRole(index, self.folder, self.key, copy_state)
+        process = self.context.Process(
+            target=_worker_main, args=(self.target, args, role, self.args.log_format), name=f"oip-worker-{index}",
+            daemon=False,
+        )
+        process.start()
+        self.workers[index] = process
+        note = ", copying the others' state" if copy_state else ""
+        log.info("worker %d started (pid %s)%s", index, process.pid, note)
+
+    def all_ready(self) -> bool:
+        return all(self.ready_file(i).exists() for i in range(self.count))
+
+    def write_ports_file(self, http: int | None, grpc: int | None) -> None:
+        if self.args.ports_file is not None:
+            write_ports_file(Path(self.args.ports_file), Ports(http, grpc, self.metrics_port),
+                             workers=[self.workers[i].pid for i in range(self.count)])
+
+    def draining(self, name: str) -> None:
+        log.info("received %s: draining every worker, then stopping", name)
+
+    def killing(self, name: str) -> None:
+        log.warning("received %s again: killing the workers now", name)
+        for process in self.workers.values():
+            with contextlib.suppress(OSError):
+                if process.pid is not None:
+                    os.kill(process.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> list[int]:
+        """Wait up to `timeout` for a worker to exit; the indexes of the workers that are not alive."""
+        sentinels = [p.sentinel for p in self.workers.values() if p.is_alive()]
+        if sentinels:
+            multiprocessing.connection.wait(sentinels, timeout)
+        return [i for i, p in self.workers.items() if not p.is_alive()]
+
+    def restart(self, index: int) -> bool:
+        """Start a dead worker again; False when it keeps dying."""
+        process = self.workers[index]
+        code = process.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"status {code}"
+        log.error("worker %d (pid %s) exited with %s; starting it again", index, process.pid, how)
+        now = time.monotonic()
+        recent = [t for t in self.restarts[index] if now - t < _RESTART_WINDOW] + [now]
+        self.restarts[index] = recent
+        if len(recent) > _RESTARTS:
+            log.error("worker %d died %d times within %.0fs: stopping", index, len(recent), _RESTART_WINDOW)
+            return False
+        socket_path(self.folder, index).unlink(missing_ok=True)
+        self.start(index, copy_state=True)
+        return True
+
+    def stop(self) -> bool:
+        """SIGTERM every worker and wait for them to drain; whether all exited with 0."""
+        for process in self.workers.values():
+            if process.is_alive() and process.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + float(self.args.graceful_shutdown_seconds) + 15.0
+        clean = True
+        for index, process in self.workers.items():
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                log.error("worker %d did not stop in time: killing it", index)
+                process.kill()
+                process.join(5.0)
+                clean = False
+            elif process.exitcode != 0:
+                log.error("worker %d exited with %s", index, process.exitcode)
+                clean = False
+        return clean
+
+    def run(self) -> int:
+        settings_host = self.args.host
+        reserved: list[socket.socket] = []
+        try:
+            http = grpc = None
+            if self.args.http_port is not None:
+                reserved.append(_reserve(settings_host, self.args.http_port))
+                http = self.args.http_port = int(reserved[-1].getsockname()[1])
+            if self.args.grpc_port is not None:
+                reserved.append(_reserve(settings_host, self.args.grpc_port))
+                grpc = self.args.grpc_port = int(reserved[-1].getsockname()[1])
+            if getattr(self.args, "metrics", "on") == "on" and getattr(self.args, "metrics_port", None) is not None:
+                reserved.append(_reserve(settings_host, self.args.metrics_port))
+                self.metrics_port = self.args.metrics_port = int(reserved[-1].getsockname()[1])
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self.signals)
+            for index in range(self.count):
+                self.start(index, copy_state=False)
+            while not self.all_ready():
+                dead = self.wait(_POLL)
+                if self.signals.received:
+                    return 0 if self.stop() else 1
+                if dead:
+                    log.error("worker %s exited while starting: stopping", ", ".join(map(str, dead)))
+                    self.stop()
+                    return 1
+            self.write_ports_file(http, grpc)
+            log.info("serving with %d workers (REST port %s, gRPC port %s)", self.count, http, grpc)
+            starting: set[int] = set()  # restarted, not yet listening: the ports file names them once they listen
+            while not self.signals.received:
+                for index in self.wait(_POLL):
+                    if self.signals.received:
+                        break
+                    if not self.restart(index):
+                        self.stop()
+                        return 1
+                    starting.add(index)
+                if starting and all(self.ready_file(i).exists() for i in starting):
+                    for index in sorted(starting):
+                        log.info("worker %d (pid %s) is serving", index, self.workers[index].pid)
+                    starting.clear()
+                    self.write_ports_file(http, grpc)
+            return 0 if self.stop() else 1
+        finally:
+            for sock in reserved:
+                sock.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def supervise(args: argparse.Namespace, count: int, target: Target) -> int:
+    """Run `count` workers, each running `target` with the options `args`, until a signal; the exit status."""
+    try:
+        return _Supervisor(args, count, target).run()
+    except OSError as exc:
+        log.error("%s", exc)
+        return 1
