@@ -1,10 +1,20 @@
-"""The serialization floor of a 1M-element FP32 identity over REST JSON: the work no JSON server can avoid.
+"""Floors: the work no server can avoid. Two of them here:
+
+- the REST transport's (`--serve-rest`): a bare uvicorn server (httptools, uvloop, the HTTP stack our server runs
+  on) whose ASGI app reads each request's body whole and answers it with an answer recorded from a real server
+  (`bench/loadgen.py --record`: the status, the headers that say what the body is, and the body, or a stream's
+  events one by one). bench/run.py drives it with the very load of a scenario, so our server's CPU per request
+  over this one's is what our server adds to the transport (bench/grpc_floor.py is the same for gRPC);
+
+- the serialization floor of a 1M-element FP32 identity over REST JSON (the default):
 
 orjson parses the very request body the load generator sends (1,000,000 float32 values printed as doubles, as
 a Python client writes them), the data becomes a float32 numpy array, and the response is written with orjson.
 The floor is parse + to-numpy + the cheapest dump that writes the same numbers (the array widened to float64,
 which orjson prints from numpy directly; printing float32 itself is slower). The other ways to write it are
 reported alongside. Run on CPU 0, where the servers run: `taskset -c 0 python bench/floor.py [--repeat 7]`.
+
+    python bench/floor.py --serve-rest ANSWER.json --port N    # serves until killed
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,11 +70,46 @@ def measure(elements: int = 1_000_000, repeat: int = 7) -> dict[str, Any]:
     return out
 
 
+def serve_rest(answer_file: Path, port: int) -> None:
+    """Answer every request with the recorded answer, on uvicorn as our server runs it, until killed."""
+    import base64
+
+    import uvicorn
+
+    answer = json.loads(answer_file.read_text())
+    chunks = [base64.b64decode(chunk) for chunk in answer["chunks"]]
+    size = sum(len(chunk) for chunk in chunks)
+    headers = [(k.lower().encode(), v.encode()) for k, v in answer["headers"]]
+    if len(chunks) == 1:  # one body: its length; a stream of events: chunked, as it was sent
+        headers.append((b"content-length", str(size).encode()))
+    start = {"type": "http.response.start", "status": answer["status"], "headers": headers}
+    last = len(chunks) - 1
+    bodies = [{"type": "http.response.body", "body": chunk, "more_body": i < last} for i, chunk in enumerate(chunks)]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body", False):  # the whole body, as any server reads it
+            pass
+        await send(start)
+        for body in bodies:
+            await send(body)
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="uvloop", lifespan="off",
+                            access_log=False, log_config=None, server_header=False)
+    uvicorn.Server(config).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--elements", type=int, default=1_000_000)
     p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--serve-rest", type=Path, metavar="ANSWER", help="serve this recorded answer (see above)")
+    p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
+    if args.serve_rest is not None:
+        serve_rest(args.serve_rest, args.port)
+        return 0
     json.dump(measure(args.elements, args.repeat), sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -12,6 +12,12 @@ server's CPU per call comes from /proc. Variants:
 Our own server (`python -m oip serve`) is measured in the same run, over the same load, so the report shows the
 floor of the transport it uses beside what it spends.
 
+With `--answer FILE` (bench/run.py's floor of a scenario), the variant `replay`: the synchronous server with our
+server's thread pool (`Settings.grpc_threads` threads) answering the method of an answer recorded from a real
+server (`bench/loadgen.py --record`) with it, unary or, for ModelStreamInfer, the recorded responses to each request
+of the stream; the harness drives it with the scenario's own load, so our server's CPU per request over this one's
+is what our server adds to grpcio.
+
 With `--memory`, the floor of the memory a large tensor costs instead: the synchronous server with 8 threads
 answers `identity_fp32` requests of `--elements` FP32 elements (bench/loadgen.py's `identity_grpc_raw` workload,
 c=1) with the identity's reply serialized once up front (the handler allocates nothing per call), under the glibc
@@ -21,6 +27,7 @@ during the warm-up and window) and growth over that. Outputs grpc_memory.{md,jso
 
     python bench/grpc_floor.py [--duration 8] [--concurrency 8] [--out bench/results]
     python bench/grpc_floor.py --memory [--elements 1000000] [--duration 5] [--out bench/results]
+    python bench/grpc_floor.py --serve replay --answer ANSWER.json --port N     # serves until killed
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import servers
 from servers import BENCH, ROOT, SERVER_CPU
 
 VARIANTS = ("aio", "aio_uvloop", "sync_4", "sync_8")
+REPLAY = "replay"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -79,6 +87,34 @@ def _tuned_malloc() -> dict[str, str]:
 
     return {"MALLOC_ARENA_MAX": str(allocator.ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(allocator.MMAP_THRESHOLD),
             "MALLOC_TRIM_THRESHOLD_": str(allocator.TRIM_THRESHOLD)}
+
+
+def serve_replay(answer_file: Path, port: int) -> None:
+    """Serve a recorded answer (see the module's description) until killed."""
+    import base64
+
+    import grpc
+    from oip.server import Settings
+
+    answer = json.loads(answer_file.read_text())
+    replies = [base64.b64decode(chunk) for chunk in answer["chunks"]]
+    service, method = answer["path"].strip("/").split("/")
+    options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    if answer.get("stream"):
+        def stream(requests: Any, context: Any) -> Any:
+            for _ in requests:
+                yield from replies
+
+        handler = grpc.stream_stream_rpc_method_handler(stream)
+    else:
+        reply = replies[0]
+        handler = grpc.unary_unary_rpc_method_handler(lambda request, context: reply)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=Settings().grpc_threads), options=options)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
 
 
 def serve(variant: str, port: int, elements: int = 0) -> None:
@@ -206,7 +242,8 @@ def memory(args: argparse.Namespace, workdir: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=(*VARIANTS, REPLAY), help=argparse.SUPPRESS)
+    parser.add_argument("--answer", type=Path, help="with --serve replay: the recorded answer to serve")
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=2.0)
@@ -215,6 +252,10 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true", help="the memory floor of a large tensor instead")
     parser.add_argument("--elements", type=int, help="FP32 elements of --memory's tensor (default 1,000,000)")
     args = parser.parse_args()
+    if args.serve == REPLAY:
+        sys.path.insert(0, str(ROOT / "generated"))
+        serve_replay(args.answer, args.port)
+        return 0
     if args.serve:
         serve(args.serve, args.port, args.elements or 0)
         return 0

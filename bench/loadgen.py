@@ -8,12 +8,27 @@ have the same size. REST goes through aiohttp (one keep-alive connection per wor
 identity`: servers that gzip would otherwise pay for it), gRPC through grpc.aio with tritonclient's stubs and
 tensors in `raw_input_contents`, as perf_analyzer sends them.
 
+The workloads (`WORKLOADS`), each one model's request in one form:
+- `simple_*` and `identity_*`: INT32 [1, 16] x2 (`simple`) over REST JSON and gRPC; FP32 [N] (`identity_fp32`) over
+  REST JSON, REST binary and gRPC raw;
+- `text_*`: 8 strings of 64 bytes (`text`, BYTES) over REST JSON, REST binary and gRPC, the binary bodies and the
+  gRPC message as tritonclient writes them;
+- `batched_*`: `simple`'s request to `batched`, a model under dynamic batching, over REST JSON and gRPC;
+- `decoupled_grpc`: one request for 100 responses of `decoupled` over ModelStreamInfer, each worker on its own
+  stream, the request asking for the empty final response; a request completes with that final response;
+- `generate`, `generate_stream`: Triton's generate extension (`text_generate`, one answer; `text_tokens`, one
+  server-sent event per word of a 16-word prompt); perf_analyzer has no mode for it;
+- `simple_contents_grpc`: `simple` as KServe's client sends a request whose inputs are lists (typed `contents`,
+  `InferRequest.to_grpc`); `simple_params_grpc` and `simple_params_rest`: `simple` with three request parameters
+  as tritonclient sends them (over REST its default: binary inputs and `binary_data_output`).
+
 Given the server's pid, it also measures what the server spent over the window: user+system CPU of its whole
 process tree (/proc/<pid>/stat), and its peak resident memory (VmHWM, reset through /proc/<pid>/clear_refs at the
 start of the warm-up; sampled VmRSS where that is refused).
 
     python bench/loadgen.py --rest 127.0.0.1:8000 --grpc 127.0.0.1:8001 --workload simple_rest -c 8 \
         [-d 10] [-w 2] [--elements 1000000] [--server-pid PID]     # prints one JSON object
+    python bench/loadgen.py ... --workload text_grpc --record FILE  # one answer, recorded for a floor server
 
 Bounded: each phase by its time, each request by --timeout, the whole run by --max-requests.
 """
@@ -22,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -37,9 +53,22 @@ from typing import Any
 import numpy as np
 import orjson
 
-WORKLOADS = ("simple_rest", "simple_grpc", "identity_rest_json", "identity_rest_binary", "identity_grpc_raw")
+WORKLOADS = (
+    "simple_rest", "simple_grpc", "identity_rest_json", "identity_rest_binary", "identity_grpc_raw",
+    "text_rest_json", "text_rest_binary", "text_grpc", "batched_rest", "batched_grpc", "decoupled_grpc",
+    "generate", "generate_stream", "simple_contents_grpc", "simple_params_grpc", "simple_params_rest",
+)
 SIMPLE_A = np.arange(16, dtype=np.int32).reshape(1, 16)
 SIMPLE_B = np.ones((1, 16), dtype=np.int32)
+# The text model's request: 8 strings of 64 bytes.
+TEXT = np.array([f"text {i}: the quick brown fox jumps over the lazy dog, again and again".encode()[:64]
+                 for i in range(8)], dtype=object)
+DECOUPLED_RESPONSES = 100
+DECOUPLED_IN = 7
+PROMPT = "the quick brown fox jumps over the lazy dog and then the dog sleeps in the sun"  # 16 words
+# Request parameters as a client application sets them (tritonclient: `parameters=`; perf_analyzer:
+# --request-parameter name:value:type).
+PARAMETERS = {"request_tag": "bench", "max_tokens": 16, "stream": False}
 GRPC_LIMIT = 1 << 30  # message size limit of the client channel, each way
 
 
@@ -138,7 +167,8 @@ class _Sampler(threading.Thread):
 
 @dataclass
 class Workload:
-    """One kind of request: how to send it once (returns the response size) and how to check the first answer."""
+    """One kind of request: how to send it once (returns the response size), how to check the first answer, and how
+    to record one answer (`record`: for a floor server that replays it, see `record`)."""
 
     name: str
     payload_bytes: int  # tensor bytes each way
@@ -146,37 +176,137 @@ class Workload:
     open: Callable[[], Awaitable[Any]] = field(repr=False)  # one worker's state (session / stub)
     close: Callable[[Any], Awaitable[None]] = field(repr=False)
     first: Callable[[Any], Awaitable[int]] = field(repr=False)  # send once, check every value; response size
+    record: Callable[[Any], Awaitable[dict[str, Any]]] = field(repr=False)  # one answer as a floor server gives it
+    responses: int = 1  # responses per request (a stream's)
+    json_answers: bool = False  # answers whose size may vary (JSON with ids...): not checked by size
 
 
 def _identity_data(elements: int) -> np.ndarray:
     return np.random.default_rng(0).random(elements, dtype=np.float32)
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _simple_check(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    """The outputs of `simple` (and `batched`) are the sum and the difference of its inputs."""
+    if not (np.array_equal(a.reshape(-1), (SIMPLE_A + SIMPLE_B).ravel())
+            and np.array_equal(b.reshape(-1), (SIMPLE_A - SIMPLE_B).ravel())):
+        raise LoadError(f"wrong simple outputs: {what[:300]}")
+
+
+def _text_check(strings: Any, what: str) -> None:
+    got = [s.encode() if isinstance(s, str) else bytes(s) for s in np.asarray(strings, dtype=object).reshape(-1)]
+    if got != [s.upper() for s in TEXT]:
+        raise LoadError(f"wrong text output: {what[:300]}")
+
+
+def _binary_outputs(raw: bytes, length: str | None, datatypes: dict[str, str]) -> dict[str, Any]:
+    """The outputs of a binary REST answer (JSON header, then each output's bytes), by name."""
+    from tritonclient.utils import deserialize_bytes_tensor
+
+    if length is None:
+        raise LoadError(f"no binary output (no Inference-Header-Content-Length): {raw[:300]!r}")
+    head = orjson.loads(raw[: int(length)])
+    out, pos = {}, int(length)
+    for tensor in head["outputs"]:
+        size = tensor.get("parameters", {}).get("binary_data_size")
+        if size is None:
+            raise LoadError(f"output {tensor['name']} is not binary: {raw[:300]!r}")
+        chunk = raw[pos: pos + size]
+        pos += size
+        kind = datatypes.get(tensor["name"], tensor["datatype"])
+        out[tensor["name"]] = deserialize_bytes_tensor(chunk) if kind == "BYTES" else np.frombuffer(chunk, "<i4")
+    return out
+
+
+def _rest_json_simple(model: str, extra: dict[str, Any] | None = None) -> bytes:
+    return orjson.dumps(
+        {
+            **(extra or {}),
+            "inputs": [
+                {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": SIMPLE_A.ravel().tolist()},
+                {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": SIMPLE_B.ravel().tolist()},
+            ],
+        }
+    )
+
+
 def rest_workload(name: str, address: str, elements: int, timeout: float) -> Workload:
     import aiohttp
 
     headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
-    if name == "simple_rest":
-        url = f"http://{address}/v2/models/simple/infer"
-        body = orjson.dumps(
-            {
-                "inputs": [
-                    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": SIMPLE_A.ravel().tolist()},
-                    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": SIMPLE_B.ravel().tolist()},
-                ]
-            }
-        )
-        payload = 2 * SIMPLE_A.nbytes
+    payload = 2 * SIMPLE_A.nbytes
+    json_answers = name in ("simple_rest", "identity_rest_json", "batched_rest", "text_rest_json", "generate")
+    events = name == "generate_stream"
+    responses = 1
+    if name in ("simple_rest", "batched_rest"):
+        model = "simple" if name == "simple_rest" else "batched"
+        url = f"http://{address}/v2/models/{model}/infer"
+        body = _rest_json_simple(model)
 
         def check(raw: bytes, response: Any) -> None:
             outputs = {o["name"]: o for o in orjson.loads(raw)["outputs"]}
-            got0 = np.asarray(outputs["OUTPUT0"]["data"]).reshape(-1)
-            got1 = np.asarray(outputs["OUTPUT1"]["data"]).reshape(-1)
-            if not (
-                np.array_equal(got0, (SIMPLE_A + SIMPLE_B).ravel())
-                and np.array_equal(got1, (SIMPLE_A - SIMPLE_B).ravel())
-            ):
-                raise LoadError(f"wrong simple outputs: {raw[:300]!r}")
+            _simple_check(np.asarray(outputs["OUTPUT0"]["data"]), np.asarray(outputs["OUTPUT1"]["data"]), repr(raw))
+    elif name == "simple_params_rest":
+        # tritonclient.http's own body: binary inputs, `binary_data_output` (no outputs listed), the parameters
+        import tritonclient.http as httpclient
+        from tritonclient.http._utils import _get_inference_request
+
+        url = f"http://{address}/v2/models/simple/infer"
+        inputs = []
+        for tensor_name, array in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
+            item = httpclient.InferInput(tensor_name, list(array.shape), "INT32")
+            item.set_data_from_numpy(array)
+            inputs.append(item)
+        body, length = _tritonclient_body(_get_inference_request(inputs, "", None, 0, False, False, 0, None,
+                                                                 PARAMETERS))
+        headers = {**headers, "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": length}
+
+        def check(raw: bytes, response: Any) -> None:
+            out = _binary_outputs(raw, response.headers.get("Inference-Header-Content-Length"), {})
+            _simple_check(out["OUTPUT0"], out["OUTPUT1"], repr(raw))
+    elif name == "text_rest_json":
+        url = f"http://{address}/v2/models/text/infer"
+        payload = sum(len(s) for s in TEXT)
+        body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [len(TEXT)],
+                                         "data": [s.decode() for s in TEXT]}]})
+
+        def check(raw: bytes, response: Any) -> None:
+            _text_check(orjson.loads(raw)["outputs"][0]["data"], repr(raw))
+    elif name == "text_rest_binary":
+        import tritonclient.http as httpclient
+        from tritonclient.http._utils import _get_inference_request
+
+        url = f"http://{address}/v2/models/text/infer"
+        payload = sum(len(s) for s in TEXT)
+        item = httpclient.InferInput("INPUT0", [len(TEXT)], "BYTES")
+        item.set_data_from_numpy(TEXT)
+        body, length = _tritonclient_body(_get_inference_request([item], "", None, 0, False, False, 0, None, None))
+        headers = {**headers, "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": length}
+
+        def check(raw: bytes, response: Any) -> None:
+            out = _binary_outputs(raw, response.headers.get("Inference-Header-Content-Length"), {"OUTPUT0": "BYTES"})
+            _text_check(out["OUTPUT0"], repr(raw))
+    elif name == "generate":
+        url = f"http://{address}/v2/models/text_generate/generate"
+        payload = len(PROMPT)
+        body = orjson.dumps({"text_input": PROMPT, "parameters": {"max_tokens": 16}})
+
+        def check(raw: bytes, response: Any) -> None:
+            if orjson.loads(raw).get("text_output") != PROMPT.upper():
+                raise LoadError(f"wrong generate answer: {raw[:300]!r}")
+    elif name == "generate_stream":
+        url = f"http://{address}/v2/models/text_tokens/generate_stream"
+        payload = len(PROMPT)
+        responses = len(PROMPT.split())
+        body = orjson.dumps({"text_input": PROMPT, "parameters": {"max_tokens": 16}})
+
+        def check(raw: bytes, response: Any) -> None:
+            words = [orjson.loads(event[len(b"data:"):]).get("text_output") for event in _events(raw)]
+            if words != PROMPT.split():
+                raise LoadError(f"wrong generate_stream events: {raw[:300]!r}")
     else:
         url = f"http://{address}/v2/models/identity_fp32/infer"
         data = _identity_data(elements)
@@ -254,69 +384,171 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             check(raw, response)
             return len(raw)
 
-    return Workload(name, payload, send, open_, close, first)
+    async def record(session: Any) -> dict[str, Any]:
+        async with session.post(url, data=body, headers=headers) as response:
+            raw = await response.read()
+            check(raw, response)
+            kept = {k: v for k, v in response.headers.items()
+                    if k.lower() in ("content-type", "inference-header-content-length")}
+            # A stream of events is replayed event by event, as it was sent.
+            chunks = [event + b"\n\n" for event in _events(raw)] if events else [raw]
+        return {"transport": "rest", "path": url.split(address, 1)[1], "status": response.status,
+                "headers": sorted(kept.items()), "chunks": [_b64(c) for c in chunks]}
+
+    return Workload(name, payload, send, open_, close, first, record, responses, json_answers)
+
+
+def _tritonclient_body(made: tuple[bytes, int | None]) -> tuple[bytes, str]:
+    """tritonclient.http's request body and the header length it sends (`_get_inference_request`'s answer)."""
+    body, length = made
+    return body, str(length if length is not None else len(body))
+
+
+def _events(raw: bytes) -> list[bytes]:
+    """The `data:` lines of a server-sent event stream."""
+    return [line for line in raw.split(b"\n") if line.startswith(b"data:")]
+
+
+def _kserve_contents_request(pb: Any) -> Any:
+    """`simple` as KServe's client writes it for inputs given as lists: `InferRequest(...).to_grpc()` puts each
+    input's data in the typed `contents` field of its datatype (`int_contents` for INT32), no raw contents, no id."""
+    request = pb.ModelInferRequest(model_name="simple")
+    for tensor_name, array in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
+        tensor = request.inputs.add(name=tensor_name, datatype="INT32", shape=[1, 16])
+        tensor.contents.int_contents.extend(array.ravel().tolist())
+    return request
+
+
+def grpc_request(name: str, elements: int) -> tuple[Any, list[bytes], int]:
+    """The request message of a gRPC workload, the raw outputs the answer must carry, and the payload's bytes."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc._utils import _get_inference_request
+    from tritonclient.utils import serialize_byte_tensor
+
+    simple = [(SIMPLE_A + SIMPLE_B).astype("<i4").tobytes(), (SIMPLE_A - SIMPLE_B).astype("<i4").tobytes()]
+    if name in ("simple_grpc", "batched_grpc", "simple_params_grpc"):
+        # tritonclient.grpc's own message (raw contents), with the parameters for simple_params_grpc
+        inputs = []
+        for tensor_name, array in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
+            item = grpcclient.InferInput(tensor_name, list(array.shape), "INT32")
+            item.set_data_from_numpy(array)
+            inputs.append(item)
+        model = "batched" if name == "batched_grpc" else "simple"
+        parameters = PARAMETERS if name == "simple_params_grpc" else None
+        request = _get_inference_request(model, inputs, "", "", None, 0, False, False, 0, None, parameters)
+        return request, simple, 2 * SIMPLE_A.nbytes
+    if name == "simple_contents_grpc":
+        return _kserve_contents_request(pb), simple, 2 * SIMPLE_A.nbytes
+    if name == "text_grpc":
+        item = grpcclient.InferInput("INPUT0", [len(TEXT)], "BYTES")
+        item.set_data_from_numpy(TEXT)
+        request = _get_inference_request("text", [item], "", "", None, 0, False, False, 0, None, None)
+        upper = np.array([s.upper() for s in TEXT], dtype=object)
+        return request, [serialize_byte_tensor(upper).item()], sum(len(s) for s in TEXT)
+    if name == "decoupled_grpc":
+        item = grpcclient.InferInput("IN", [1], "INT32")
+        item.set_data_from_numpy(np.array([DECOUPLED_IN], dtype=np.int32))
+        request = _get_inference_request("decoupled", [item], "", "", None, 0, False, False, 0, None, None)
+        # as tritonclient's async_stream_infer(..., enable_empty_final_response=True) sets it
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        return request, [], 4
+    data = _identity_data(elements)
+    request = pb.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[elements])
+    request.raw_input_contents.append(data.tobytes())
+    return request, [data.tobytes()], data.nbytes
+
+
+def _stream_check(replies: list[bytes], pb: Any) -> None:
+    """A decoupled request's answers: DECOUPLED_RESPONSES responses, OUT = IN + i, then the empty final one."""
+    messages = [pb.ModelStreamInferResponse.FromString(raw) for raw in replies]
+    errors = [m.error_message for m in messages if m.error_message]
+    if errors:
+        raise LoadError(f"stream error: {errors[0][:300]}")
+    values = [int(np.frombuffer(m.infer_response.raw_output_contents[0], "<i4")[0])
+              for m in messages if m.infer_response.raw_output_contents]
+    final = messages[-1].infer_response if messages else None
+    if (values != [DECOUPLED_IN + i for i in range(DECOUPLED_RESPONSES)] or final is None or final.outputs
+            or not final.parameters["triton_final_response"].bool_param):
+        raise LoadError(f"wrong decoupled answers: {len(messages)} responses, values {values[:5]}...")
+
+
+def _is_final(raw: bytes, pb: Any) -> bool:
+    reply = pb.ModelStreamInferResponse.FromString(raw)
+    if reply.error_message:
+        raise LoadError(f"stream error: {reply.error_message[:300]}")
+    return bool(reply.infer_response.parameters["triton_final_response"].bool_param)
 
 
 def grpc_workload(name: str, target: str, elements: int, timeout: float, shared: dict[str, Any]) -> Workload:
     import grpc.aio
     from tritonclient.grpc import service_pb2 as pb
-    from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-    request = pb.ModelInferRequest()
-    if name == "simple_grpc":
-        request.model_name = "simple"
-        for tensor_name, array in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
-            request.inputs.add(name=tensor_name, datatype="INT32", shape=[1, 16])
-            request.raw_input_contents.append(array.astype("<i4").tobytes())
-        expected = [(SIMPLE_A + SIMPLE_B).astype("<i4").tobytes(), (SIMPLE_A - SIMPLE_B).astype("<i4").tobytes()]
-        payload = 2 * SIMPLE_A.nbytes
-    else:
-        data = _identity_data(elements)
-        request.model_name = "identity_fp32"
-        request.inputs.add(name="INPUT0", datatype="FP32", shape=[elements])
-        request.raw_input_contents.append(data.tobytes())
-        expected = [data.tobytes()]
-        payload = data.nbytes
+    request, expected, payload = grpc_request(name, elements)
     wire = request.SerializeToString()
+    streaming = name == "decoupled_grpc"
+    method = "ModelStreamInfer" if streaming else "ModelInfer"
+    path = f"/inference.GRPCInferenceService/{method}"
 
     async def open_() -> Any:
-        # One channel for all workers (HTTP/2 multiplexes them), as a gRPC client application would.
+        # One channel for all workers (HTTP/2 multiplexes them), as a gRPC client application would; a stream of
+        # its own for each worker.
         if "channel" not in shared:
             shared["channel"] = grpc.aio.insecure_channel(
                 target,
                 options=[("grpc.max_send_message_length", GRPC_LIMIT), ("grpc.max_receive_message_length", GRPC_LIMIT)],
             )
-            shared["call"] = shared["channel"].unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=None,  # the request is serialized once, up front
-                response_deserializer=None,  # read in full as bytes; the first answer is parsed and checked
-            )
-        return shared["call"]
+            make = shared["channel"].stream_stream if streaming else shared["channel"].unary_unary
+            # the request is serialized once, up front; answers are read in full as bytes, the first checked
+            shared["call"] = make(path, request_serializer=None, response_deserializer=None)
+        return shared["call"]() if streaming else shared["call"]
 
     async def close(call: Any) -> None:
+        if streaming:
+            with contextlib.suppress(Exception):
+                await call.done_writing()
+            call.cancel()
         channel = shared.pop("channel", None)
         if channel is not None:
             await channel.close()
 
-    async def send(call: Any) -> int:
+    async def exchange(call: Any) -> list[bytes]:
+        """One request's answers: the reply, or a stream's replies up to the final one."""
         try:
-            return len(await call(wire, timeout=timeout))
+            if not streaming:
+                return [await call(wire, timeout=timeout)]
+            await call.write(wire)
+            replies = []
+            while True:
+                raw = await asyncio.wait_for(call.read(), timeout)
+                if raw is grpc.aio.EOF:
+                    raise LoadError(f"the stream ended after {len(replies)} responses, before the final one")
+                replies.append(raw)
+                if _is_final(raw, pb):
+                    return replies
         except grpc.aio.AioRpcError as exc:
             raise LoadError(f"gRPC {exc.code().name}: {exc.details()}") from None
 
+    async def send(call: Any) -> int:
+        return sum(len(raw) for raw in await exchange(call))
+
     async def first(call: Any) -> int:
-        try:
-            raw = await call(wire, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise LoadError(f"gRPC {exc.code().name}: {exc.details()}") from None
-        reply = pb.ModelInferResponse.FromString(raw)
+        replies = await exchange(call)
+        if streaming:
+            _stream_check(replies, pb)
+            return sum(len(raw) for raw in replies)
+        reply = pb.ModelInferResponse.FromString(replies[0])
         if list(reply.raw_output_contents) != expected:
             contents = [len(c) for c in reply.raw_output_contents]
             raise LoadError(f"wrong gRPC outputs (raw entries of {contents} bytes, {len(reply.outputs)} outputs)")
-        return len(raw)
+        return len(replies[0])
 
-    _ = pb_grpc  # the stubs module documents the method path used above
-    return Workload(name, payload, send, open_, close, first)
+    async def record(call: Any) -> dict[str, Any]:
+        replies = await exchange(call)
+        return {"transport": "grpc", "path": path, "stream": streaming, "chunks": [_b64(r) for r in replies]}
+
+    return Workload(name, payload, send, open_, close, first, record, DECOUPLED_RESPONSES + 1 if streaming else 1)
 
 
 def make_workload(name: str, rest: str, grpc_target: str, elements: int, timeout: float) -> Workload:
@@ -379,7 +611,7 @@ async def run_load(
                 marks["cpu"] = cpu_seconds(server_pid)
 
         window_handle = loop.call_at(window_start, mark_window)
-        json_answers = workload.name in ("simple_rest", "identity_rest_json")  # ids may vary in length
+        json_answers = workload.json_answers
 
         async def worker(state: Any) -> None:
             while sent[0] < max_requests:
@@ -424,6 +656,8 @@ async def run_load(
             mean_ms=float(np.mean(lat)),
             max_ms=float(np.max(lat)),
             response_bytes=response_bytes,
+            responses_per_request=workload.responses,
+            responses_per_s=count * workload.responses / window if window > 0 else 0.0,
             cpu0_busy=(busy1 - busy0) / (total1 - total0) if total1 > total0 else None,
             client_cpu_s=client_cpu_s,
             client_cpu_us_per_infer=client_cpu_s / count * 1e6 if count else None,
@@ -465,7 +699,27 @@ def run(
 ) -> dict[str, Any]:
     """One measurement in a fresh event loop (uvloop where installed)."""
     workload = make_workload(workload_name, rest, grpc_target, elements, timeout)
-    coroutine = run_load(workload, concurrency, duration, warmup, server_pid, max_requests)
+    return _in_loop(run_load(workload, concurrency, duration, warmup, server_pid, max_requests))
+
+
+async def record_answer(workload: Workload) -> dict[str, Any]:
+    """One request of `workload`, its answer checked and recorded as a floor server replays it (bench/floor.py,
+    bench/grpc_floor.py): the transport, the path, and the answer's bytes (a stream's messages or events in order;
+    REST: with its status and the headers that say what the body is)."""
+    state = await workload.open()
+    try:
+        return {"workload": workload.name, **await workload.record(state)}
+    finally:
+        await workload.close(state)
+
+
+def record(workload_name: str, rest: str, grpc_target: str, elements: int = 1_000_000,
+           timeout: float = 60.0) -> dict[str, Any]:
+    """`record_answer` in a fresh event loop."""
+    return _in_loop(record_answer(make_workload(workload_name, rest, grpc_target, elements, timeout)))
+
+
+def _in_loop(coroutine: Any) -> Any:
     try:
         import uvloop
     except ImportError:
@@ -486,10 +740,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-pid", type=int, help="measure this process tree's CPU and memory")
     p.add_argument("--timeout", type=float, default=60.0, help="one request, seconds")
     p.add_argument("--max-requests", type=int, default=1_000_000)
+    p.add_argument("--record", type=Path, help="send one request and write its checked answer to this file (JSON)")
     args = p.parse_args(argv)
     for host in (args.rest, args.grpc):
         if host.split(":")[0] not in ("127.0.0.1", "localhost", "[::1]") and not host.startswith("127."):
             p.error(f"{host}: the benchmark only targets loopback addresses")
+    if args.record is not None:
+        args.record.write_text(json.dumps(record(args.workload, args.rest, args.grpc, args.elements, args.timeout)))
+        return 0
     result = run(
         args.workload,
         args.rest,

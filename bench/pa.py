@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -26,12 +27,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import loadgen
+
 LIB = "debian13/usr/lib/x86_64-linux-gnu"
 
 # Workloads perf_analyzer cannot send, and why (bench/run.py reports the reason instead of running it).
 NOT_APPLICABLE = {
     "identity_rest_json": "perf_analyzer 2.60 writes a single JSON value for an FP32 [-1] input given `--shape` "
     '(on the wire: `"shape":[1000000],"data":[1.85e31]`), which Triton and oipgen both refuse (400)',
+    "text_rest_json": "perf_analyzer 2.60 writes one JSON string for a BYTES input of 8 elements with "
+    "`--input-tensor-format json`, which Triton and oipgen both refuse (400)",
+    "generate": "perf_analyzer has no mode for the generate extension",
+    "generate_stream": "perf_analyzer has no mode for the generate extension",
+    "simple_contents_grpc": "perf_analyzer sends tensors in raw_input_contents only, never typed contents",
+    "simple_params_rest": "perf_analyzer's --request-parameter is for gRPC only",
 }
 
 # How perf_analyzer sends each workload (see shared/research/bench-baselines.md for the arguments).
@@ -55,7 +64,27 @@ ARGS: dict[str, list[str]] = {
     ],
     "identity_rest_binary": ["-i", "http", "-m", "identity_fp32", "--shape", "INPUT0:{elements}"],
     "identity_grpc_raw": ["-i", "grpc", "-m", "identity_fp32", "--shape", "INPUT0:{elements}"],
+    # the load generator's 8 strings (--input-data: `text_input_data`), binary over REST
+    "text_rest_binary": ["-i", "http", "-m", "text", "--input-data", "{text_data}"],
+    "text_grpc": ["-i", "grpc", "-m", "text", "--input-data", "{text_data}"],
+    "batched_rest": ["-i", "http", "-m", "batched", "--input-tensor-format", "json", "--output-tensor-format", "json"],
+    "batched_grpc": ["-i", "grpc", "-m", "batched"],
+    # a decoupled model needs --async --streaming; it reports requests (final responses) and responses per second
+    "decoupled_grpc": ["-i", "grpc", "-m", "decoupled", "--async", "--streaming"],
+    "simple_params_grpc": ["-i", "grpc", "-m", "simple", *(
+        arg for key, value in loadgen.PARAMETERS.items()
+        for arg in ("--request-parameter", f"{key}:{str(value).lower() if isinstance(value, bool) else value}:"
+                    f"{'bool' if isinstance(value, bool) else 'int' if isinstance(value, int) else 'string'}")
+    )],
 }
+
+
+def text_input_data(folder: Path) -> Path:
+    """The text workload's request (bench/loadgen.py's TEXT) as perf_analyzer's --input-data file."""
+    path = folder / "text.json"
+    strings = [s.decode() for s in loadgen.TEXT]
+    path.write_text(json.dumps({"data": [{"INPUT0": {"content": strings, "shape": [len(strings)]}}]}))
+    return path
 
 
 def command(cache: Path) -> list[str] | None:
@@ -124,9 +153,9 @@ def _run_once(
     result: dict[str, Any] = {"workload": workload, "concurrency": concurrency, "tool": "perf_analyzer"}
     if prefix is None:
         return {**result, "error": "perf_analyzer is not set up (bash bench/setup.sh)"}
-    args = [a.format(elements=elements) for a in ARGS[workload]]
     url = grpc if "grpc" in workload else rest
     with tempfile.TemporaryDirectory(prefix="oipgen-pa-") as tmp:
+        args = [a.format(elements=elements, text_data=text_input_data(Path(tmp))) for a in ARGS[workload]]
         out = Path(tmp) / "pa.csv"
         argv = [
             *prefix,
@@ -168,6 +197,7 @@ def _run_once(
     try:
         figures = {
             "infer_per_s": float(row["Inferences/Second"]),
+            "responses_per_s": float(row.get("Response Throughput") or row["Inferences/Second"]),
             "p50_ms": float(row["p50 latency"]) / 1000,
             "p99_ms": float(row["p99 latency"]) / 1000,
         }

@@ -7,9 +7,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from scenarios import BY_NAME, LOADGEN, PERF_ANALYZER, TITLES
 from servers import LABELS, REFERENCE
 
 OURS = "oipgen"
+FLOOR = "floor"  # the bare transport answering a scenario's recorded answer (bench/run.py's measure_floors)
+FLOOR_TARGET = 1.3  # our CPU per request over the floor's, on small requests
 # A load generator that spends more CPU per inference than the server (each on its own core) sets the pace.
 CLIENT_BOUND = 1.0
 METRICS = (
@@ -26,16 +29,8 @@ METRICS = (
     "log_bytes_per_request",
     "idle_pss_mib",
     "rest_rss_mib",
+    "responses_per_s",
 )
-TITLES = {
-    "simple_rest_c1": "simple REST JSON c=1",
-    "simple_rest_c8": "simple REST JSON c=8",
-    "simple_grpc_c1": "simple gRPC c=1",
-    "simple_grpc_c8": "simple gRPC c=8",
-    "identity_grpc_raw": "identity 1M FP32 gRPC raw c=1",
-    "identity_rest_binary": "identity 1M FP32 REST binary c=1",
-    "identity_rest_json": "identity 1M FP32 REST JSON c=1",
-}
 
 
 def title(scenario: str, elements: int = 1_000_000) -> str:
@@ -63,6 +58,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
             "errors": sorted({str(r["error"]) for r in records if "error" in r}),
             "request_errors": sum(int(r.get("errors", 0)) for r in good),
         }
+        reasons = sorted({str(r["not_applicable"]) for r in good if "not_applicable" in r})
+        if reasons:
+            entry["not_applicable"] = "; ".join(reasons)
         for metric in (*METRICS, "startup_s", "ready_rss_mib", "requests", "payload_bytes", "server_count"):
             values = [r[metric] for r in good if r.get(metric) is not None]
             if values:
@@ -92,15 +90,35 @@ def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
+def _rate(entry: dict[str, Any]) -> str:
+    """infer/s, with responses/s for a scenario whose requests have several."""
+    rate, responses = entry.get("infer_per_s"), entry.get("responses_per_s")
+    text = _num(rate, 1)
+    if rate and responses and responses > rate * 1.5:
+        text += f" ({_num(responses)} responses/s)"
+    return text
+
+
+def ranking_tool(summary: dict[str, Any], scenario: str, server: str, reference: str = REFERENCE) -> str:
+    """The load generator whose figures compare `server` with `reference` on `scenario`: the scenario's own
+    (bench/scenarios.py) where both have its figures, else bench/loadgen.py."""
+    known = BY_NAME.get(scenario)
+    tool = known.tool if known is not None else LOADGEN
+    if tool != LOADGEN and all(get(summary, s, scenario, "infer_per_s", tool) for s in (server, reference)):
+        return tool
+    return LOADGEN
+
+
 def _cell(summary: dict[str, Any], server: str, scenario: str) -> str:
     entry = summary.get(f"{server}|{scenario}|loadgen")
     if entry is None:
         return "not run"
+    if "not_applicable" in entry:
+        return "not served"
     if not entry["ok"]:
         return "fails: " + "; ".join(entry["errors"])[:160].replace("|", "/")
-    rate = entry.get("infer_per_s")
     text = (
-        f"{_num(rate, 1)} · {_ms(entry.get('p50_ms'))} / {_ms(entry.get('p99_ms'))} ms · "
+        f"{_rate(entry)} · {_ms(entry.get('p50_ms'))} / {_ms(entry.get('p99_ms'))} ms · "
         f"{_num(entry.get('server_cpu_us_per_infer'))} us · {_num(entry.get('peak_rss_mib'))} MiB"
     )
     if entry["request_errors"]:
@@ -186,6 +204,7 @@ def targets(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str
     ours, tr = rate(OURS, "simple_grpc_c8"), rate(REFERENCE, "simple_grpc_c8")
     check("simple gRPC c=8: >= Triton's infer/s", ours, tr,
           f"{_num(ours)} vs {_num(tr)} infer/s = {_ratio(ours, tr)}")  # fmt: skip
+    out += _targets_against_triton(document, summary)
     for scenario in ("identity_rest_binary", "identity_grpc_raw"):
         idle = _at_rest(summary, OURS, scenario)
         peak = get(summary, OURS, scenario, "peak_rss_mib")
@@ -201,6 +220,98 @@ def targets(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str
             higher=False,
         )
     return out
+
+
+def _pair(summary: dict[str, Any], scenario: str, metric: str) -> tuple[float | None, float | None, str]:
+    """Ours and Triton's `metric` on `scenario`, from the load generator that ranks them, and its name."""
+    tool = ranking_tool(summary, scenario, OURS)
+    return get(summary, OURS, scenario, metric, tool), get(summary, REFERENCE, scenario, metric, tool), tool
+
+
+def _targets_against_triton(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """Issue 30's targets, as ratios from this run: Triton's throughput and CPU per inference on every new
+    scenario, `simple` beyond Triton's, the large gRPC identity, and small requests near the transport's floor."""
+    out: list[tuple[str, str, bool | None]] = []
+    scenarios = [name for name in document["meta"]["scenarios"] if name in BY_NAME]
+
+    def ratio_target(text: str, scenario: str, bound: float) -> None:
+        ours, triton, tool = _pair(summary, scenario, "infer_per_s")
+        if not ours or not triton:
+            out.append((text, "not measured", None))
+            return
+        out.append((text, f"{_num(ours, 1)} vs {_num(triton, 1)} infer/s = {ours / triton:.2f}x ({tool})",
+                    ours >= bound * triton))
+
+    for name in scenarios:
+        if not BY_NAME[name].new:
+            continue
+        rates, cpus = _pair(summary, name, "infer_per_s"), _pair(summary, name, "server_cpu_us_per_infer")
+        text = f"{title(name)}: >= Triton's infer/s, <= its server CPU per inference"
+        if not (rates[0] and rates[1] and cpus[0] and cpus[1]):
+            out.append((text, "not measured", None))
+            continue
+        out.append((text, f"{rates[0] / rates[1]:.2f}x infer/s, {cpus[0] / cpus[1]:.2f}x the CPU "
+                    f"({_num(cpus[0])} vs {_num(cpus[1])} us; {rates[2]})",
+                    rates[0] >= rates[1] and cpus[0] <= cpus[1]))
+    for scenario, bound in (("simple_rest_c8", 1.5), ("simple_grpc_c8", 1.3), ("identity_grpc_raw", 1.5)):
+        if scenario in scenarios:
+            ratio_target(f"{title(scenario, document['meta']['elements'])}: >= {bound}x Triton's infer/s", scenario,
+                         bound)
+    for scenario in ("simple_rest_c1", "simple_grpc_c1"):
+        if scenario not in scenarios:
+            continue
+        ours, triton, tool = _pair(summary, scenario, "p50_ms")
+        text = f"{title(scenario)}: p50 latency <= Triton's"
+        out.append((text, "not measured", None) if ours is None or triton is None else
+                   (text, f"{ours:.3f} vs {triton:.3f} ms ({tool})", ours <= triton))
+    for name in scenarios:
+        if not BY_NAME[name].floor:
+            continue
+        ours = get(summary, OURS, name, "server_cpu_us_per_infer")
+        floor = get(summary, FLOOR, name, "server_cpu_us_per_infer")
+        text = f"{title(name)}: server CPU per request <= {FLOOR_TARGET}x the bare transport's"
+        out.append((text, "not measured", None) if not ours or not floor else
+                   (text, f"{_num(ours)} vs {_num(floor)} us = {ours / floor:.2f}x", ours <= FLOOR_TARGET * floor))
+    return out
+
+
+def _scenario_table(document: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """Every scenario: ours against Triton (throughput and server CPU per inference, from the load generator that
+    ranks them) and our CPU per request against the bare transport's floor (both from bench/loadgen.py)."""
+    meta = document["meta"]
+    if OURS not in meta["servers"]:
+        return []
+    lines = [
+        "## Every scenario: oipgen, Triton and the transport's floor",
+        "",
+        "infer/s and server CPU per inference of oipgen and Triton from the load generator named (perf_analyzer "
+        "where it can send the workload to both; bench/loadgen.py otherwise: bench/scenarios.py), with the ratios "
+        "(infer/s: ours over Triton's, higher is better; CPU: ours over Triton's, lower is better). Floor: the bare "
+        "transport (uvicorn for REST, grpcio for gRPC) answering our server's recorded answer under the same load, "
+        "its CPU per request and ours over it (bench/loadgen.py for both; target <= "
+        f"{FLOOR_TARGET}x). perf_analyzer's latency of a decoupled model is that of the first response.",
+        "",
+        "| scenario | load | oipgen infer/s · p50 | Triton infer/s · p50 | infer/s ratio | oipgen CPU | Triton CPU "
+        "| CPU ratio | floor CPU | oipgen CPU / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in meta["scenarios"]:
+        tool = ranking_tool(summary, name, OURS)
+        cells = []
+        for server in (OURS, REFERENCE):
+            entry = summary.get(f"{server}|{name}|{tool}") or {}
+            cells.append(f"{_rate(entry)} · {_ms(entry.get('p50_ms'))} ms" if entry.get("infer_per_s") else "-")
+        rates = [get(summary, s, name, "infer_per_s", tool) for s in (OURS, REFERENCE)]
+        cpus = [get(summary, s, name, "server_cpu_us_per_infer", tool) for s in (OURS, REFERENCE)]
+        ours_lg = get(summary, OURS, name, "server_cpu_us_per_infer")
+        floor = get(summary, FLOOR, name, "server_cpu_us_per_infer")
+        label = "perf_analyzer" if tool == PERF_ANALYZER else "loadgen"
+        lines.append(
+            f"| {title(name, meta['elements'])} | {label} | {cells[0]} | {cells[1]} | {_ratio(rates[0], rates[1])} | "
+            f"{_num(cpus[0])} us | {_num(cpus[1])} us | {_ratio(cpus[0], cpus[1])} | "
+            + (f"{_num(floor)} us | {_ratio(ours_lg, floor)} |" if floor else "- | - |")
+        )
+    return [*lines, ""]
 
 
 def _versions(meta: dict[str, Any]) -> str:
@@ -224,21 +335,30 @@ def _against_reference(document: dict[str, Any], summary: dict[str, Any]) -> lis
         f"## Against {label}",
         "",
         f"Each cell: the server's infer/s over {label}'s, then {label}'s server CPU per inference over the "
-        "server's (both higher is better: above 1.00x beats it). Load: bench/loadgen.py.",
+        "server's (both higher is better: above 1.00x beats it). Load: bench/loadgen.py, or perf_analyzer where "
+        "the scenario is ranked by it ((pa) beside Triton's figure; a server perf_analyzer cannot measure is then "
+        "compared by bench/loadgen.py, marked (loadgen)).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for scenario in meta["scenarios"]:
-        base = get(summary, reference, scenario, "infer_per_s")
-        row = [title(scenario, meta["elements"]), _num(base, 1)]
+        known = BY_NAME.get(scenario)
+        tool = known.tool if known is not None else LOADGEN
+        base = get(summary, reference, scenario, "infer_per_s", tool) or get(summary, reference, scenario,
+                                                                             "infer_per_s")
+        marked = " (pa)" if tool == PERF_ANALYZER and get(summary, reference, scenario, "infer_per_s", tool) else ""
+        row = [title(scenario, meta["elements"]), _num(base, 1) + marked]
         for server in others:
-            rate = _ratio(get(summary, server, scenario, "infer_per_s"), base)
+            used = ranking_tool(summary, scenario, server, reference)
+            rate = _ratio(get(summary, server, scenario, "infer_per_s", used),
+                          get(summary, reference, scenario, "infer_per_s", used))
             cpu = _ratio(
-                get(summary, reference, scenario, "server_cpu_us_per_infer"),
-                get(summary, server, scenario, "server_cpu_us_per_infer"),
+                get(summary, reference, scenario, "server_cpu_us_per_infer", used),
+                get(summary, server, scenario, "server_cpu_us_per_infer", used),
             )
-            row.append("-" if rate == "-" else f"**{rate}** · {cpu} CPU")
+            note = " (loadgen)" if used != tool else ""
+            row.append("-" if rate == "-" else f"**{rate}** · {cpu} CPU{note}")
         lines.append("| " + " | ".join(row) + " |")
     at_rest = _num(get(summary, reference, "startup", "idle_pss_mib", "harness"))
     row = ["memory at rest (PSS; lower is better)", f"{at_rest} MiB"]
@@ -465,6 +585,7 @@ def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
         "",
         f"Versions: {_versions(meta)}.",
         "",
+        *_scenario_table(document, summary),
         *_against_reference(document, summary),
         "## Every server",
         "",
@@ -528,7 +649,8 @@ def markdown(document: dict[str, Any], summary: dict[str, Any]) -> str:
 
 
 def chart(document: dict[str, Any], summary: dict[str, Any], path: Path) -> Path | None:
-    """Throughput, latency (p50 bar, p99 tick) and server CPU per scenario, one bar per server; start-up."""
+    """Per scenario, one bar per server (bench/loadgen.py's figures, and the floor's CPU): throughput, latency (p50
+    bar, p99 tick) and server CPU per inference, on log scales; then start-up and memory at rest."""
     try:
         import matplotlib
 
@@ -543,48 +665,47 @@ def chart(document: dict[str, Any], summary: dict[str, Any], path: Path) -> Path
         ("p50_ms", "latency ms (p50 bar, p99 tick)"),
         ("server_cpu_us_per_infer", "server CPU us / inference"),
     )
-    fig, axes = plt.subplots(len(rows), len(scenarios) + 1, figsize=(2.3 * (len(scenarios) + 1), 8.5), squeeze=False)
+    fig = plt.figure(figsize=(max(10.0, 0.75 * len(scenarios) * (len(names) + 1) / 2 + 3), 13))
+    grid = fig.add_gridspec(len(rows) + 1, 2)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for col, scenario in enumerate(scenarios):
-        for row, (metric, label) in enumerate(rows):
-            ax = axes[row][col]
-            for i, server in enumerate(names):
+    bars = [*names, FLOOR] if meta.get("floors") else list(names)
+    width = 0.8 / len(bars)
+    positions = range(len(scenarios))
+    for row, (metric, label) in enumerate(rows):
+        ax = fig.add_subplot(grid[row, :])
+        for i, server in enumerate(bars):
+            if server == FLOOR and metric != "server_cpu_us_per_infer":
+                continue
+            xs, values = [], []
+            for x, scenario in zip(positions, scenarios, strict=True):
                 value = get(summary, server, scenario, metric)
-                if value is None:
-                    ax.text(i, 0, "x", ha="center", va="bottom", color=colors[i % len(colors)])
-                    continue
+                if value:
+                    xs.append(x + (i - (len(bars) - 1) / 2) * width)
+                    values.append(value)
+                    if metric == "p50_ms":
+                        p99 = get(summary, server, scenario, "p99_ms")
+                        if p99:
+                            ax.plot([xs[-1] - width / 2, xs[-1] + width / 2], [p99, p99], color="black", linewidth=1)
+            ax.bar(xs, values, width, color=colors[i % len(colors)], label=LABELS.get(server, server))
+        ax.set_yscale("log")
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_xticks(list(positions), [title(s, meta["elements"]) for s in scenarios], fontsize=7, rotation=30,
+                      ha="right")
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        if row == 0:
+            ax.legend(fontsize=7, ncol=len(bars))
+    for col, (metric, label, unit) in enumerate((("startup_s", "start-up to ready", "s"),
+                                                 ("idle_pss_mib", "memory at rest, PSS", "MiB"))):
+        ax = fig.add_subplot(grid[len(rows), col])
+        for i, server in enumerate(names):
+            value = get(summary, server, "startup", metric, "harness")
+            if value is not None:
                 ax.bar(i, value, color=colors[i % len(colors)])
-                if metric == "p50_ms":
-                    p99 = get(summary, server, scenario, "p99_ms")
-                    if p99:
-                        ax.plot([i - 0.35, i + 0.35], [p99, p99], color="black", linewidth=1.5)
-                ax.text(
-                    i, value, f"{value:,.0f}" if value >= 10 else f"{value:.2f}", ha="center", va="bottom", fontsize=7
-                )
-            ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
-            ax.tick_params(axis="y", labelsize=7)
-            if row == 0:
-                ax.set_title(title(scenario, meta["elements"]).replace(" c=", "\nc="), fontsize=8)
-            if col == 0:
-                ax.set_ylabel(label, fontsize=8)
-    ax = axes[0][-1]
-    for i, server in enumerate(names):
-        value = get(summary, server, "startup", "startup_s", "harness")
-        if value is not None:
-            ax.bar(i, value, color=colors[i % len(colors)])
-            ax.text(i, value, f"{value:.2f}", ha="center", va="bottom", fontsize=7)
-    ax.set_title("start-up to ready (s)", fontsize=8)
-    ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
-    ax = axes[1][-1]
-    for i, server in enumerate(names):
-        value = get(summary, server, "startup", "idle_pss_mib", "harness")
-        if value is not None:
-            ax.bar(i, value, color=colors[i % len(colors)])
-            ax.text(i, value, f"{value:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_title("memory at rest, PSS (MiB)", fontsize=8)
-    ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7, rotation=30)
-    for row in range(2, len(rows)):
-        axes[row][-1].axis("off")
+                ax.text(i, value, f"{value:.2f}" if unit == "s" else f"{value:.0f}", ha="center", va="bottom",
+                        fontsize=7)
+        ax.set_title(f"{label} ({unit})", fontsize=8)
+        ax.set_xticks(range(len(names)), [LABELS.get(n, n).split()[0] for n in names], fontsize=7)
     fig.suptitle(
         f"oipgen vs {', '.join(LABELS.get(n, n) for n in names if n != OURS)} - {meta['date']}, "
         f"commit {(meta.get('git', {}).get('sha') or '?')[:10]}, "
@@ -592,7 +713,7 @@ def chart(document: dict[str, Any], summary: dict[str, Any], path: Path) -> Path
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 

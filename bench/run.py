@@ -1,8 +1,13 @@
 """`make bench`: oipgen against Triton, MLServer and KServe, on the same load, in one run.
 
-Each server serves `simple` (INT32 [1,16] x2 -> sum, difference) and `identity_fp32` (FP32 [-1]) single-process
-on CPU 0; the load generator (bench/loadgen.py) runs on CPU 1, as does perf_analyzer where the server has what it
-needs (Triton's model configuration and statistics extensions: Triton and oipgen). Per repeat, every server is
+Each server serves, single-process on CPU 0, `simple` (INT32 [1,16] x2 -> sum, difference), `identity_fp32` (FP32
+[-1]) and `text` (BYTES: each string upper-cased); Triton and oipgen also `batched` (`simple` under dynamic batching,
+max batch 8, 100 us), `decoupled` (100 responses per request) and the generate extension's `text_generate` and
+`text_tokens` (bench/servers.py; the scenarios: bench/scenarios.py). The load generator (bench/loadgen.py) runs
+on CPU 1, as does perf_analyzer where the server has what it needs (Triton's model configuration and statistics
+extensions: Triton and oipgen) and can send the workload. For every small-request scenario, our server's answer is
+recorded and replayed by the bare transport (uvicorn, grpcio: bench/floor.py, bench/grpc_floor.py) under the same
+load: the floor our CPU per request is compared with. Per repeat, every server is
 started (start-up time to ready, then its memory at rest before any inference), measured on every scenario, and
 stopped (the large-payload scenarios each run on a server started for them, so that each one's peak memory is its
 own); the servers take turns within a repeat so that drift in the machine's load hits them alike. The figures
@@ -14,7 +19,7 @@ figures): results.json (every raw measurement), results.md (ratios against Trito
 full table, memory, perf_analyzer, the targets), bench.png (throughput, latency and CPU per scenario).
 
     python bench/run.py [--quick] [--servers oipgen,triton,mlserver,kserve] [--repeats 3] [--duration 10]
-                        [--scenarios simple_rest_c1,...] [--no-pa] [--no-setup] [--out DIR]
+                        [--scenarios simple_rest_c1,...] [--no-pa] [--no-floors] [--no-setup] [--out DIR]
 
 --quick is a smoke run (1 repeat, 1 s windows, 100k-element identity). Everything is bounded: each measurement
 by its window and a timeout, each server start by a timeout; Ctrl-C stops the servers this run started.
@@ -34,7 +39,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,32 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen as loadgen_mod
 import pa
+import report
 import servers
+from scenarios import BY_NAME, LOADGEN, SCENARIOS, Scenario
 from servers import BENCH, CLIENT_CPU, SERVER_CPU
 
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    workload: str
-    concurrency: int
-    title: str
-    long: bool = False  # a slow scenario: twice the window
-    # Measured on a server started for it (unless it is the first on this server): its peak memory is then its
-    # own, not what an earlier scenario's payloads left resident in the server's allocator.
-    fresh: bool = False
+__all__ = ["BY_NAME", "SCENARIOS", "Scenario", "main"]
 
 
-SCENARIOS = (
-    Scenario("simple_rest_c1", "simple_rest", 1, "simple REST JSON c=1"),
-    Scenario("simple_rest_c8", "simple_rest", 8, "simple REST JSON c=8"),
-    Scenario("simple_grpc_c1", "simple_grpc", 1, "simple gRPC c=1"),
-    Scenario("simple_grpc_c8", "simple_grpc", 8, "simple gRPC c=8"),
-    Scenario("identity_grpc_raw", "identity_grpc_raw", 1, "identity 1M FP32 gRPC raw c=1", fresh=True),
-    Scenario("identity_rest_binary", "identity_rest_binary", 1, "identity 1M FP32 REST binary c=1", fresh=True),
-    Scenario("identity_rest_json", "identity_rest_json", 1, "identity 1M FP32 REST JSON c=1", long=True, fresh=True),
-)
-BY_NAME = {s.name: s for s in SCENARIOS}
 
 
 def load_average() -> list[float]:
@@ -89,12 +75,15 @@ def loadgen(server: servers.Running, scenario: Scenario, args: argparse.Namespac
 
 def observed(server: servers.Running, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run `measure()` and add what the server shows of it: the load average at the start, the bytes it logged,
-    the inferences its statistics extension counted, and its CPU over the whole measurement."""
-    load, logged, count = load_average(), servers.log_bytes(server), servers.inference_count(server)
+    the inferences its statistics extension counted (not a floor's: it has none), and its CPU over the whole
+    measurement."""
+    counted = server.name != "floor"
+    load, logged = load_average(), servers.log_bytes(server)
+    count = servers.inference_count(server) if counted else None
     cpu = loadgen_mod.cpu_seconds(server.pid)
     result = dict(measure())
     cpu = loadgen_mod.cpu_seconds(server.pid) - cpu
-    after = servers.inference_count(server)
+    after = servers.inference_count(server) if counted else None
     result.update(load_average=load, log_bytes=servers.log_bytes(server) - logged)
     if count is not None and after is not None:
         result["server_count"] = after - count
@@ -165,6 +154,11 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                 )
                 served = False  # whether this server has answered a scenario yet
                 for scenario in scenarios:
+                    if not servers.serves(name, scenario.workload):
+                        records.append({**base, "scenario": scenario.name, "tool": LOADGEN,
+                                        "not_applicable": f"{servers.LABELS[name]} does not serve model "
+                                        f"'{servers.WORKLOAD_MODEL[scenario.workload]}' (bench/servers.py)"})
+                        continue
                     if scenario.fresh and served:
                         servers.stop(server)
                         try:
@@ -194,14 +188,44 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                     else:
                         for scenario in scenarios:
                             reason = pa.NOT_APPLICABLE.get(scenario.workload)
+                            if not servers.serves(name, scenario.workload):
+                                continue
                             if reason:
                                 result = {"tool": "perf_analyzer", "not_applicable": reason}
                             else:
                                 result = observed(server, functools.partial(run_pa, server, scenario, args))
                             records.append({**base, "scenario": scenario.name, **result})
                             log(f"[{repeat}] {name} {scenario.name} perf_analyzer: {_short(result)}")
+                if name == report.OURS and args.floors:
+                    records += measure_floors(server, [s for s in scenarios if s.floor], args, repeat, log)
             finally:
                 servers.stop(server)
+    return records
+
+
+def measure_floors(ours: servers.Running, scenarios: list[Scenario], args: argparse.Namespace, repeat: int,
+                   log: Any) -> list[dict[str, Any]]:
+    """Each scenario's floor (server "floor"): our server's answer to its workload, recorded, then answered by the
+    bare transport (`servers.start_floor`) under the scenario's own load, from bench/loadgen.py."""
+    records: list[dict[str, Any]] = []
+    folder = args.out / "logs" / "floors"
+    folder.mkdir(parents=True, exist_ok=True)
+    for scenario in scenarios:
+        base = {"server": "floor", "repeat": repeat, "load_average": load_average(), "scenario": scenario.name}
+        answer = folder / f"{scenario.workload}.json"
+        try:
+            servers.record_answer(ours, scenario.workload, args.elements, answer, args.request_timeout)
+            floor = servers.start_floor(answer, folder)
+        except RuntimeError as exc:
+            records.append({**base, "tool": LOADGEN, "error": str(exc)})
+            log(f"[{repeat}] floor {scenario.name}: {exc}")
+            continue
+        try:
+            result = observed(floor, functools.partial(loadgen, floor, scenario, args))
+        finally:
+            servers.stop(floor)
+        records.append({**base, **result})
+        log(f"[{repeat}] floor {scenario.name}: {_short(result)}")
     return records
 
 
@@ -323,6 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--elements", type=int, help="FP32 elements of the identity scenarios")
     p.add_argument("--request-timeout", type=float, default=60.0)
     p.add_argument("--no-pa", dest="pa", action="store_false", help="skip perf_analyzer")
+    p.add_argument("--no-floors", dest="floors", action="store_false",
+                   help="skip the bare transports' floors of the small-request scenarios")
     p.add_argument("--no-observability", dest="observability", action="store_false",
                    help="skip our server with metrics and tracing off, and with tracing on (the cost of each)")
     p.add_argument("--no-setup", dest="setup", action="store_false", help="do not run bench/setup.sh first")
@@ -460,11 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": time.monotonic() - began,
         "server_cpu": SERVER_CPU,
         "client_cpu": CLIENT_CPU,
+        "floors": args.floors,
     }
     document = {"meta": meta, "floor": floor_result, "records": records}
     (args.out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    import report
-
     summary = report.summarize(document)
     (args.out / "results.md").write_text(report.markdown(document, summary))
     chart = report.chart(document, summary, args.out / "bench.png")

@@ -1,11 +1,13 @@
 """The servers under test, started the same way: single process, pinned to CPU 0, loopback, free ports.
 
-- oipgen: `python -m oip serve` over examples/models (the generated package in generated/, the project's .venv).
+- oipgen: `python -m oip serve` over bench/servers/oipgen_repo (the generated package in generated/, the project's
+  .venv): `simple` and `identity_fp32` of examples/models (linked), and the benchmark's own models.
 - triton: the `tritonserver` 2.51 binary and Python backend from the nvidia-pytriton wheel (no container, no GPU)
   over bench/servers/triton_repo; its Python-backend stubs are child processes, pinned with it.
 - mlserver: MLServer 1.7.1 over bench/servers/mlserver_repo, `parallel_workers=0` (inference in the server
   process; its default, 1, halves its throughput and needs a second process).
 - kserve: KServe 0.21.0, bench/servers/kserve_server.py, its defaults otherwise.
+Every model is the same computation on each server that serves it (MODELS; MLServer and KServe serve SERVED's).
 The peers come from bench/setup.sh's cache folder. Each server runs in its own session (process group), so that
 stopping it stops exactly the processes it started; `stop` sends SIGTERM to that group, then SIGKILL.
 
@@ -40,12 +42,29 @@ from loadgen import _tree, rss_kib
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-MODELS = ("simple", "identity_fp32")
+MODELS = ("simple", "identity_fp32", "text", "batched", "decoupled", "text_generate", "text_tokens")
+# The models each server serves, where not every one of MODELS: MLServer and KServe serve no dynamic batching,
+# decoupled model or generate extension in Triton's sense.
+SERVED = {"mlserver": ("simple", "identity_fp32", "text"), "kserve": ("simple", "identity_fp32", "text")}
+# The model each workload of bench/loadgen.py asks for.
+WORKLOAD_MODEL = {
+    "simple_rest": "simple", "simple_grpc": "simple", "simple_contents_grpc": "simple", "simple_params_grpc": "simple",
+    "simple_params_rest": "simple", "identity_rest_json": "identity_fp32", "identity_rest_binary": "identity_fp32",
+    "identity_grpc_raw": "identity_fp32", "text_rest_json": "text", "text_rest_binary": "text", "text_grpc": "text",
+    "batched_rest": "batched", "batched_grpc": "batched", "decoupled_grpc": "decoupled",
+    "generate": "text_generate", "generate_stream": "text_tokens",
+}
+
+
+def serves(name: str, workload: str) -> bool:
+    """Whether server `name` serves the model `workload` asks for."""
+    return WORKLOAD_MODEL[workload] in SERVED.get(name, MODELS)
 SERVERS = ("oipgen", "triton", "mlserver", "kserve")
 REFERENCE = "triton"  # the report's first table is every server's ratios against this one
-LABELS = {"oipgen": "oipgen", "triton": "Triton 2.51", "mlserver": "MLServer 1.7.1", "kserve": "KServe 0.21.0"}
+LABELS = {"oipgen": "oipgen", "triton": "Triton 2.51", "mlserver": "MLServer 1.7.1", "kserve": "KServe 0.21.0",
+          "floor": "the bare transport (floor)"}
 LOGGING = "start-up, warnings and errors; nothing per request (no access log, no per-request latency line)"
-OIPGEN_MODELS = ROOT / "examples" / "models"  # what our server serves
+OIPGEN_MODELS = BENCH / "servers" / "oipgen_repo"  # what our server serves
 TRITON_MODELS = BENCH / "servers" / "triton_repo"
 IDLE_SETTLE_S = 1.0
 # The Python packages whose versions are recorded with each run, per environment.
@@ -243,11 +262,11 @@ def get_json(address: str, path: str) -> dict[str, Any] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def inference_count(running: Running, models: tuple[str, ...] = MODELS) -> int | None:
+def inference_count(running: Running, models: tuple[str, ...] | None = None) -> int | None:
     """Inferences the server says it completed, from its statistics extension (Triton's GET
     /v2/models/{m}/stats: ours and Triton have it); None where the server has no such extension."""
     total = 0
-    for model in models:
+    for model in models if models is not None else SERVED.get(running.name, MODELS):
         answer = get_json(running.rest, f"/v2/models/{model}/stats")
         if answer is None:
             return None
@@ -302,7 +321,7 @@ def _grpc_ready(target: str, deadline: float) -> bool:
 
 
 def start(
-    name: str, cache: Path, workdir: Path, timeout: float = 90.0, *, models: tuple[str, ...] = MODELS,
+    name: str, cache: Path, workdir: Path, timeout: float = 90.0, *, models: tuple[str, ...] | None = None,
     repository: Path | None = None, options: tuple[str, ...] = (),
 ) -> Running:
     """Start server `name` (over `repository`, see `command`) and wait (bounded) until REST says it and `models`
@@ -326,7 +345,8 @@ def start(
     server = Running(name, process, http_port, grpc_port, log)
     deadline = begin + timeout
     try:
-        waiting = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)]
+        served = models if models is not None else SERVED.get(name, MODELS)
+        waiting = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in served)]
         while waiting:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {process.returncode} while starting; see {log}")
@@ -361,6 +381,42 @@ def stop(server: Running, grace: float = 15.0) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
+
+
+def record_answer(server: Running, workload: str, elements: int, path: Path, timeout: float = 60.0) -> None:
+    """One request of `workload` to `server`, its checked answer written to `path` (bench/loadgen.py --record), for
+    a floor server to replay; RuntimeError when the server did not answer it right."""
+    argv = ["taskset", "-c", CLIENT_CPU, sys.executable, str(BENCH / "loadgen.py"), "--rest", server.rest,
+            "--grpc", server.grpc, "--workload", workload, "--elements", str(elements), "--timeout", str(timeout),
+            "--record", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60, check=False)
+    if done.returncode != 0 or not path.exists():
+        raise RuntimeError(f"recording {workload}'s answer failed: {done.stderr.strip()[-300:]}")
+
+
+def start_floor(answer: Path, workdir: Path, timeout: float = 30.0) -> Running:
+    """The bare transport answering every request with the answer recorded in `answer` (`record_answer`): uvicorn
+    (bench/floor.py) for a REST answer, grpcio's thread pool server (bench/grpc_floor.py) for a gRPC one, pinned to
+    the server CPU in its own process group, ready once its port accepts connections."""
+    rest = json.loads(answer.read_text())["transport"] == "rest"
+    port, other = free_port(), free_port()
+    script = ["floor.py", "--serve-rest", str(answer)] if rest else \
+        ["grpc_floor.py", "--serve", "replay", "--answer", str(answer)]
+    argv = ["taskset", "-c", SERVER_CPU, sys.executable, str(BENCH / script[0]), *script[1:], "--port", str(port)]
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "floor.log"
+    with log.open("ab") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   cwd=workdir, start_new_session=True)
+    server = Running("floor", process, port if rest else other, other if rest else port, log)
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(server)
+            raise RuntimeError(f"the floor server did not start; see {log}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return server
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The two benchmark models for KServe 0.21.0: `python kserve_server.py --http_port N --grpc_port M`.
+"""The benchmark models KServe 0.21.0 serves (simple, identity_fp32, text):
+`python kserve_server.py --http_port N --grpc_port M`.
 
 KServe's defaults otherwise (one uvicorn worker), except logging: bench/servers.py passes `--enable_latency_logging
 false` and kserve_logging.json (no access log), the one policy of the benchmark. Pitfalls from
@@ -16,7 +17,8 @@ def _response(model: Model, payload: InferRequest, outputs: dict) -> InferRespon
     binary = bool(not payload.from_grpc and payload.use_binary_outputs)
     infer_outputs = []
     for name, array in outputs.items():
-        out = InferOutput(name=name, shape=list(array.shape), datatype="INT32" if array.dtype == np.int32 else "FP32")
+        datatype = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}.get(array.dtype, "BYTES")
+        out = InferOutput(name=name, shape=list(array.shape), datatype=datatype)
         out.set_data_from_numpy(array, binary_data=binary or payload.from_grpc)
         infer_outputs.append(out)
     kwargs = {"use_binary_outputs": True} if binary else {}
@@ -52,5 +54,18 @@ class Identity(Model):
         return _response(self, payload, {"OUTPUT0": item.as_numpy().reshape(item.shape)})
 
 
+class Text(Model):
+    """OUTPUT0[i] = INPUT0[i].upper() (BYTES [-1])."""
+
+    def __init__(self) -> None:
+        super().__init__("text")
+        self.ready = True
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        strings = payload.inputs[0].as_numpy().reshape(-1)
+        upper = np.array([(s.encode() if isinstance(s, str) else bytes(s)).upper() for s in strings], dtype=np.object_)
+        return _response(self, payload, {"OUTPUT0": upper})
+
+
 if __name__ == "__main__":
-    ModelServer().start([Simple(), Identity()])
+    ModelServer().start([Simple(), Identity(), Text()])

@@ -1,4 +1,5 @@
-"""The two benchmark models for MLServer 1.7.1 (`mlserver start bench/servers/mlserver_repo`)."""
+"""The benchmark models MLServer 1.7.1 serves (simple, identity_fp32, text):
+`mlserver start bench/servers/mlserver_repo`."""
 
 import numpy as np
 from mlserver import MLModel
@@ -46,3 +47,15 @@ class Identity(MLModel):
         item = payload.inputs[0]
         array = NumpyCodec.decode_input(item).reshape(item.shape)
         return InferenceResponse(model_name=self.name, id=payload.id, outputs=[_output("OUTPUT0", array)])
+
+
+class Text(MLModel):
+    """OUTPUT0[i] = INPUT0[i].upper() (BYTES [-1])."""
+
+    async def load(self) -> bool:
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        strings = NumpyCodec.decode_input(payload.inputs[0]).reshape(-1)
+        upper = np.array([bytes(s).upper() for s in strings], dtype=np.object_)
+        return InferenceResponse(model_name=self.name, id=payload.id, outputs=[_output("OUTPUT0", upper)])
