@@ -233,9 +233,22 @@ def _rest_json_simple(model: str, extra: dict[str, Any] | None = None) -> bytes:
     )
 
 
-def rest_workload(name: str, address: str, elements: int, timeout: float) -> Workload:
-    import aiohttp
+@dataclass
+class RestRequest:
+    """A REST workload's request (built once), and how to check its answer (raw body, response with `headers`)."""
 
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    check: Callable[[bytes, Any], None] = field(repr=False)
+    payload: int
+    responses: int = 1
+    json_answers: bool = False
+    events: bool = False  # a stream of server-sent events
+
+
+def rest_request(name: str, elements: int) -> RestRequest:
+    """The request of REST workload `name` (see the module's description)."""
     headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
     payload = 2 * SIMPLE_A.nbytes
     json_answers = name in ("simple_rest", "identity_rest_json", "batched_rest", "text_rest_json", "generate")
@@ -243,7 +256,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
     responses = 1
     if name in ("simple_rest", "batched_rest"):
         model = "simple" if name == "simple_rest" else "batched"
-        url = f"http://{address}/v2/models/{model}/infer"
+        url = f"/v2/models/{model}/infer"
         body = _rest_json_simple(model)
 
         def check(raw: bytes, response: Any) -> None:
@@ -254,7 +267,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
         import tritonclient.http as httpclient
         from tritonclient.http._utils import _get_inference_request
 
-        url = f"http://{address}/v2/models/simple/infer"
+        url = "/v2/models/simple/infer"
         inputs = []
         for tensor_name, array in (("INPUT0", SIMPLE_A), ("INPUT1", SIMPLE_B)):
             item = httpclient.InferInput(tensor_name, list(array.shape), "INT32")
@@ -268,7 +281,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             out = _binary_outputs(raw, response.headers.get("Inference-Header-Content-Length"), {})
             _simple_check(out["OUTPUT0"], out["OUTPUT1"], repr(raw))
     elif name == "text_rest_json":
-        url = f"http://{address}/v2/models/text/infer"
+        url = "/v2/models/text/infer"
         payload = sum(len(s) for s in TEXT)
         body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [len(TEXT)],
                                          "data": [s.decode() for s in TEXT]}]})
@@ -279,7 +292,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
         import tritonclient.http as httpclient
         from tritonclient.http._utils import _get_inference_request
 
-        url = f"http://{address}/v2/models/text/infer"
+        url = "/v2/models/text/infer"
         payload = sum(len(s) for s in TEXT)
         item = httpclient.InferInput("INPUT0", [len(TEXT)], "BYTES")
         item.set_data_from_numpy(TEXT)
@@ -290,7 +303,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             out = _binary_outputs(raw, response.headers.get("Inference-Header-Content-Length"), {"OUTPUT0": "BYTES"})
             _text_check(out["OUTPUT0"], repr(raw))
     elif name == "generate":
-        url = f"http://{address}/v2/models/text_generate/generate"
+        url = "/v2/models/text_generate/generate"
         payload = len(PROMPT)
         body = orjson.dumps({"text_input": PROMPT, "parameters": {"max_tokens": 16}})
 
@@ -298,7 +311,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             if orjson.loads(raw).get("text_output") != PROMPT.upper():
                 raise LoadError(f"wrong generate answer: {raw[:300]!r}")
     elif name == "generate_stream":
-        url = f"http://{address}/v2/models/text_tokens/generate_stream"
+        url = "/v2/models/text_tokens/generate_stream"
         payload = len(PROMPT)
         responses = len(PROMPT.split())
         body = orjson.dumps({"text_input": PROMPT, "parameters": {"max_tokens": 16}})
@@ -308,7 +321,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             if words != PROMPT.split():
                 raise LoadError(f"wrong generate_stream events: {raw[:300]!r}")
     else:
-        url = f"http://{address}/v2/models/identity_fp32/infer"
+        url = "/v2/models/identity_fp32/infer"
         data = _identity_data(elements)
         payload = data.nbytes
         if name == "identity_rest_json":
@@ -354,6 +367,14 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
                 ) != data.nbytes or not np.array_equal(got, data):
                     raise LoadError("wrong binary identity output")
 
+    return RestRequest(url, body, headers, check, payload, responses, json_answers, events)
+
+
+def rest_workload(name: str, address: str, elements: int, timeout: float) -> Workload:
+    import aiohttp
+
+    request = rest_request(name, elements)
+    url, body, headers, check = f"http://{address}{request.path}", request.body, request.headers, request.check
     client_timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def open_() -> Any:
@@ -391,11 +412,12 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             kept = {k: v for k, v in response.headers.items()
                     if k.lower() in ("content-type", "inference-header-content-length")}
             # A stream of events is replayed event by event, as it was sent.
-            chunks = [event + b"\n\n" for event in _events(raw)] if events else [raw]
-        return {"transport": "rest", "path": url.split(address, 1)[1], "status": response.status,
+            chunks = [event + b"\n\n" for event in _events(raw)] if request.events else [raw]
+        return {"transport": "rest", "path": request.path, "status": response.status,
                 "headers": sorted(kept.items()), "chunks": [_b64(c) for c in chunks]}
 
-    return Workload(name, payload, send, open_, close, first, record, responses, json_answers)
+    return Workload(name, request.payload, send, open_, close, first, record, request.responses,
+                    request.json_answers)
 
 
 def _tritonclient_body(made: tuple[bytes, int | None]) -> tuple[bytes, str]:

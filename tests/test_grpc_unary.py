@@ -1,10 +1,13 @@
-"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc.in_thread.UnaryInfer`), in process.
+"""The lean way of unary ModelInfer in the gRPC thread (`oip.server.grpc.in_thread.UnaryInfer`, over
+`oip.server.core.lean`), in process.
 
 Every request it takes must get exactly the answer the general way gives (`Pipeline.infer_in_thread` and the
 transport's encoder: compared as parsed messages), be counted exactly as the general way counts it (statistics
 extension, metrics), and fail with the same error; every request it does not take must be left untouched (None,
-nothing counted) for the general way to answer or refuse. Over real sockets the suite's gRPC tests (golden cases,
-bad input, tritonclient, statistics, metrics) run through it too.
+nothing counted) for the general way to answer or refuse. It takes raw and typed contents of every datatype (BYTES
+and BOOL too), request parameters, rows of a model that batches, and requests to a model under dynamic batching
+(joining the event loop's batches). Over real sockets the suite's gRPC tests (golden cases, bad input,
+tritonclient, statistics, metrics) run through it too.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings, TensorSpec
 from oip.server.grpc import decode_infer_request, encode_infer_response
@@ -79,13 +83,34 @@ class Flags(Model):
         return {"OUT": inputs["IN"]}
 
 
+class Texts(Model):
+    """BYTES in, each string upper-cased out; the parameters it saw as its response parameters."""
+
+    name = "texts"
+    inputs = (TensorSpec("IN", "BYTES", [-1]),)
+    outputs = (TensorSpec("OUT", "BYTES", [-1]),)
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        out = {"OUT": np.array([bytes(s).upper() for s in inputs["IN"]], dtype=object)}
+        return (out, dict(parameters)) if parameters else out
+
+
+class Rows(Simple):
+    """`simple` over rows: a model that batches (max_batch_size 4), without dynamic batching."""
+
+    name = "rows"
+    inputs = Batching.inputs
+    outputs = Batching.outputs
+    max_batch_size = 4
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
 def plane(*models: Model, settings: Settings | None = None) -> DataPlane:
     repository = ModelRepository()
-    for model in (Simple(), Async(), Batching(), Flags(), *models):
+    for model in (Simple(), Async(), Batching(), Flags(), Texts(), Rows(), *models):
         repository.add(model)
     run(repository.load_all())
     return DataPlane(repository, settings)
@@ -95,9 +120,9 @@ def request(model: str = "simple", arrays: dict[str, Any] | None = None, **field
     message = pb.ModelInferRequest(model_name=model, **fields)
     for name, array in (arrays if arrays is not None else {"INPUT0": A, "INPUT1": B}).items():
         array = np.asarray(array)
-        datatype = {"int32": "INT32", "float32": "FP32", "bool": "BOOL"}[array.dtype.name]
+        datatype = {"int32": "INT32", "float32": "FP32", "bool": "BOOL", "object": "BYTES"}[array.dtype.name]
         message.inputs.add(name=name, datatype=datatype, shape=array.shape)
-        message.raw_input_contents.append(array.tobytes())
+        message.raw_input_contents.append(codec.to_raw(array, datatype) if datatype == "BYTES" else array.tobytes())
     return message
 
 
@@ -195,11 +220,76 @@ def _edit(change: Callable[[Any], Any]) -> Any:
     return change(request())
 
 
-DECLINED = {
+def _every_contents(message: Any) -> Any:
+    del message.raw_input_contents[:]
+    message.inputs[0].contents.int_contents.extend(A.ravel().tolist())
+    message.inputs[1].contents.int_contents.extend(B.ravel().tolist())
+    return message
+
+
+def _reserved(message: Any) -> Any:
+    message.parameters["triton_secret"].bool_param = True
+    return message
+
+
+TEXT = np.array([b"ab c", "d\u00e9f".encode(), b""], dtype=object)
+
+
+def _texts_with_parameters() -> Any:
+    message = request("texts", {"IN": TEXT})
+    return _params(message, message)
+# Requests the lean way takes: each must get the general way's answer.
+TAKEN = {
     "request parameters": lambda: _edit(lambda m: _params(m, m)),
+    "typed contents": lambda: _edit(_every_contents),
+    "BOOL input": lambda: request("flags", {"IN": np.array([True, False])}),
+    "BYTES in and out": lambda: request("texts", {"IN": TEXT}, id="t"),
+    "BYTES with parameters": lambda: _texts_with_parameters(),
+    "rows of a model that batches": lambda: request("rows", {"INPUT0": np.tile(A, (3, 1)),
+                                                             "INPUT1": np.tile(B, (3, 1))}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAKEN))
+def test_what_the_lean_way_now_takes_is_answered_as_the_general_way_does(case: str) -> None:
+    dp = plane()
+    message = TAKEN[case]()
+    reply = lean_way(dp)(message)
+    assert reply is not None, case  # the lean way answered it (response parameters: through the general encoder)
+    assert parsed(reply) == general(dp, message)
+    counted = counts(dp, message.model_name)
+    assert counted["success"][0] == 2 and counted["inference_count"] == 2 * (3 if case.startswith("rows") else 1)
+
+
+def test_the_model_sees_the_request_parameters_on_the_lean_way() -> None:
+    dp = plane()
+    message = request("texts", {"IN": TEXT})
+    message.parameters["k"].string_param = "v"
+    message.parameters["n"].int64_param = 3
+    answer = parsed(lean_way(dp)(message))
+    assert {k: v.WhichOneof("parameter_choice") for k, v in answer.parameters.items()} == {
+        "k": "string_param", "n": "int64_param"}
+    assert (answer.parameters["k"].string_param, answer.parameters["n"].int64_param) == ("v", 3)
+    assert codec.from_raw(answer.raw_output_contents[0], "BYTES", [3]).tolist() == [b"AB C", "D\u00e9F".encode(), b""]
+
+
+def test_parameters_without_the_parameters_extension_are_the_general_ways_to_refuse() -> None:
+    settings = Settings(extensions=["binary_tensor_data", "statistics", "model_configuration"])
+    dp = plane(settings=settings)
+    message = _edit(lambda m: _params(m, m))
+    assert lean_way(dp)(message) is None
+    assert isinstance(general(dp, message), OipError)
+
+
+DECLINED = {
+    "reserved request parameter": lambda: _edit(_reserved),
+    "raw and typed contents": lambda: _edit(_contents),
+    "contents in another datatype's field": lambda: _edit(
+        lambda m: _every_contents(m).inputs[0].contents.fp32_contents.append(1.0) or m),
+    "BOOL byte that is no boolean": lambda: _bool_byte(),
+    "BYTES truncated": lambda: _bytes_truncated(),
     "input parameters": lambda: _edit(lambda m: _params(m, m.inputs[0])),
     "output parameters": lambda: _edit(lambda m: _params(m, m.outputs.add(name="OUTPUT0"))),
-    "typed contents": lambda: _edit(_contents),
     "shared memory": lambda: _edit(_shared_memory),
     "unknown model": lambda: request("nothing"),
     "unknown version": lambda: request(model_version="7"),
@@ -212,10 +302,24 @@ DECLINED = {
     "unknown output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="NO")]),
     "repeated output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0")] * 2),
     "async model": lambda: request("async_simple"),
-    "dynamic batching": lambda: request("batching", {"INPUT0": A, "INPUT1": B}),
-    "BOOL input": lambda: request("flags", {"IN": np.array([True, False])}),
+    "dynamic batching, no event loop given": lambda: request("batching", {"INPUT0": A, "INPUT1": B}),
+    "rows over max_batch_size": lambda: request("rows", {"INPUT0": np.tile(A, (5, 1)), "INPUT1": np.tile(B, (5, 1))}),
+    "rows that differ between inputs": lambda: request("rows", {"INPUT0": np.tile(A, (2, 1)),
+                                                                "INPUT1": np.tile(B, (3, 1))}),
     "negative dimensions": lambda: request("answers", {"IN": np.zeros(0, np.float32)}),
 }
+
+
+def _bool_byte() -> Any:
+    message = request("flags", {"IN": np.array([True, False])})
+    message.raw_input_contents[0] = b"\x02\x00"
+    return message
+
+
+def _bytes_truncated() -> Any:
+    message = request("texts", {"IN": TEXT})
+    message.raw_input_contents[0] = message.raw_input_contents[0][:-1] + b"\xff\xff"
+    return message
 
 
 @pytest.mark.parametrize("case", sorted(DECLINED))
@@ -467,3 +571,48 @@ def test_a_model_unloaded_meanwhile_is_still_held_while_it_answers() -> None:
     assert (answer.model_name, [o.name for o in answer.outputs]) == ("held", ["OUTPUT0", "OUTPUT1"])
     assert list(answer.raw_output_contents) == [(A + B).tobytes(), (A - B).tobytes()]
     assert ("held", "1") not in dp.repository.inflight()
+
+
+def test_requests_under_dynamic_batching_join_the_event_loops_batches() -> None:
+    """From eight gRPC threads at once, requests to a model under dynamic batching (4 rows at most, a window long
+    enough for them all) take the lean way: they join the batches the event loop forms, each gets its own rows
+    back, and the statistics count every request once and each batch as one execution of 4."""
+    calls: list[int] = []
+
+    class Windowed(Batching):
+        name = "windowed"
+        dynamic_batching = DynamicBatching(max_queue_delay_microseconds=2_000_000)
+
+        def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+            calls.append(len(inputs["INPUT0"]))
+            return Simple.infer(self, inputs, parameters)
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        dp = plane(Windowed())
+        lean = UnaryInfer(dp.pipeline, dp.settings, encode_infer_response, loop=loop)
+        replies: dict[int, Any] = {}
+        rows = {n: np.full((1, 16), n, dtype=np.int32) for n in range(8)}
+
+        def send(n: int) -> None:
+            replies[n] = lean(request("windowed", {"INPUT0": rows[n], "INPUT1": B}, id=f"r{n}"))
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT)
+        assert sorted(calls) == [4, 4]
+        for n, reply in replies.items():
+            answer = parsed(reply)
+            assert answer.id == f"r{n}"
+            assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.int32), (rows[n] + B).ravel())
+        counted = counts(dp, "windowed")
+        assert (counted["success"][0], counted["inference_count"], counted["execution_count"]) == (8, 8, 2)
+        assert counted["queue"][1] > 0  # they waited for their batch
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(TIMEOUT)
+        loop.close()

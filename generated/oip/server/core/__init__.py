@@ -4,7 +4,8 @@
 # isort: skip_file
 """The protocol's semantics, over no transport: the data plane's operations (`dataplane`), inference (`pipeline`:
 prepare, schedule, run, finish; `accounting`: the one construct every inference enters and leaves through, which
-tells the observers; `invoke`: calling the model), the checks of requests and answers against the model's
+tells the observers; `invoke`: calling the model; `lean`: the common request with only the work it needs, for the
+transports' lean decoders), the checks of requests and answers against the model's
 declarations (`validation`, `classification`), dynamic batching (`batching`), streams (`streaming`), Triton's
 generate extension (`generate`), the model configuration extension (`configuration`), system shared memory
 (`shared_memory`) and the model repository (`repository`, a model folder's files: `model_files`).

@@ -29,9 +29,9 @@ class Inference:
 
     On the general ways the timer times the phases; before leaving, the request says its batch size
     (`run.batch_size`) and whether it ran the model by itself (`run.alone`: its run is reported with it; the
-    batcher reports the runs of batches). The lean gRPC way gives `start` (its first moment on
-    `time.perf_counter_ns`'s clock) and notes the moments it reaches (`queued`, `started`, `ended`) instead; its
-    timer may be None (see `Observers.request_started`).
+    batcher reports the runs of batches). The lean way (`lean`) gives `start` (its first moment on
+    `time.perf_counter_ns`'s clock) and notes the moments it reaches (`queued`, `started`, `ended`) instead, and
+    says its batch size and whether it ran alone too; its timer may be None (see `Observers.request_started`).
 
     A plain class with slots and no generator: every request pays for it.
     """
@@ -68,11 +68,16 @@ class Inference:
                 observers.request_ran_alone(timer.record(model.name, model.version, self.batch_size))
             else:
                 observers.request_finished(timer.record(model.name, model.version, self.batch_size))
-        elif exc is None:  # the lean way: its moments
+        elif exc is None and self.alone and self.batch_size == 1:  # the lean way: its moments
             observers.ran_alone(timer, model.name, model.version, self.request_id, self.start, self.queued,
                                 self.started, self.ended, time.perf_counter_ns())
-        else:
-            observers.request_finished(InferenceRecord.from_marks(
-                model.name, model.version, self.request_id, failure(exc), self.start, self.queued, self.started,
-                self.ended, time.perf_counter_ns(), timer,
-            ))
+        else:  # the lean way's failure, a request of a dynamic batch, or of a batch of rows: its record
+            record = InferenceRecord.from_marks(
+                model.name, model.version, self.request_id, None if exc is None else failure(exc), self.start,
+                self.queued, self.started, self.ended, time.perf_counter_ns(), timer,
+                1 if exc is not None else self.batch_size,
+            )
+            if exc is None and self.alone:
+                observers.request_ran_alone(record)
+            else:
+                observers.request_finished(record)

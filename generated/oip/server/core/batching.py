@@ -12,6 +12,8 @@ order, one at a time per model version, as Triton's dynamic batcher does with on
 - requests batch together only when every input has the same dtype and the same shape after the batch dimension,
   and the request parameters are equal (the model gets one `parameters` mapping per call); a request that matches
   no other runs alone;
+- requests come from the event loop (`Batcher.infer`) or from other threads (`Batcher.infer_from_thread`, the
+  gRPC threads' lean way): they join the same batches, which run from the loop;
 - a batch closes as soon as it holds `max_batch_size` rows, or as soon as its first requests make up one of the
   `preferred_batch_size` (the largest such), or when its oldest request has waited `max_queue_delay_microseconds`;
   with a delay of 0, whatever accumulated while the previous batch ran goes at once, so batches form by
@@ -28,6 +30,7 @@ execution (with the batch size, `observe.events.ExecutionRecord`); each request 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 Arrays = dict[str, npt.NDArray[Any]]
 BatchResult = tuple[dict[str, Any], dict[str, Any]]  # (outputs of one request, response parameters)
+Share = tuple[BatchResult, int, int, int]  # a request's result, and when its batch formed, the model started, ended
 
 _NS_PER_US: Final = 1000
 
@@ -95,7 +99,20 @@ class _Entry:
     rows: int
     key: Hashable
     arrived: int
-    future: asyncio.Future[tuple[BatchResult, int, int, int]]
+    # Awaited on the loop, or waited for by a thread (`Batcher.infer_from_thread`)
+    future: asyncio.Future[Share] | concurrent.futures.Future[Share]
+
+
+def _entry(inputs: Arrays, parameters: dict[str, Any], future: Any) -> _Entry:
+    rows = batch_rows(inputs)
+    return _Entry(
+        inputs=inputs,
+        parameters=parameters,
+        rows=rows if rows is not None else 0,
+        key=batch_key(inputs, parameters) if rows is not None else object(),  # no batch size: runs alone
+        arrived=time.perf_counter_ns(),
+        future=future,
+    )
 
 
 @dataclass(eq=False)
@@ -122,16 +139,21 @@ class Batcher:
         """This request's share of a batched call, `(outputs, response parameters)`, and when (in
         `time.perf_counter_ns`) its batch was formed, the model started and the model ended. `inputs` are
         validated arrays with the batch dimension first; `run` calls the model."""
-        rows = batch_rows(inputs)
-        loop = asyncio.get_running_loop()
-        entry = _Entry(
-            inputs=inputs,
-            parameters=parameters,
-            rows=rows if rows is not None else 0,
-            key=batch_key(inputs, parameters) if rows is not None else object(),  # no batch size: runs alone
-            arrived=time.perf_counter_ns(),
-            future=loop.create_future(),
-        )
+        future: asyncio.Future[Share] = asyncio.get_running_loop().create_future()
+        self._enqueue(model, run, _entry(inputs, parameters, future))
+        return await future
+
+    def infer_from_thread(
+        self, loop: asyncio.AbstractEventLoop, model: Model, inputs: Arrays, parameters: dict[str, Any],
+        run: RunModel,
+    ) -> tuple[BatchResult, int, int, int]:
+        """`infer` from a thread other than the event loop's (a gRPC thread): the request joins the same batches on
+        `loop`, and this thread waits for its share."""
+        future: concurrent.futures.Future[Share] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(self._enqueue, model, run, _entry(inputs, parameters, future))
+        return future.result()
+
+    def _enqueue(self, model: Model, run: RunModel, entry: _Entry) -> None:
         queue = self._queues.get(id(model))
         if queue is None or queue.model is not model:
             queue = self._queues[id(model)] = _Queue(model, run)
@@ -139,7 +161,6 @@ class Batcher:
         queue.arrival.set()
         if queue.task is None or queue.task.done():
             queue.task = asyncio.create_task(self._serve(queue), name=f"batcher {model.name} {model.version}")
-        return await entry.future
 
     async def _serve(self, queue: _Queue) -> None:
         try:

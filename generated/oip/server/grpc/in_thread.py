@@ -7,56 +7,42 @@ from the parsed message straight to the reply's bytes.
 
 The general way (`Pipeline.infer_in_thread`) builds the data plane's request, runs it through every check and
 observer, and encodes its response through protobuf; for a small request to a small model that work costs more
-than the transport. `UnaryInfer` answers the common request with the same checks, accounting and errors, doing
-only what that request needs:
+than the transport. `UnaryInfer` answers the common request the lean way (`core.lean`: the same checks, accounting
+and errors, doing only what that request needs). Here that is:
 
-- the request: no parameters (on the request, an input or an output), every input's data in
-  `raw_input_contents` (no typed contents, no shared memory), each input declared, once, with its declared
-  datatype (a fixed-size one other than BOOL) and a shape that fits its declaration and the element limit (the
-  rule and the check of every way: `validation.shape_fits`, `validation.tensor_elements`), the raw entry exactly
-  the bytes that shape needs; requested outputs known, not repeated, with no parameters;
-- the model: ready, a plain `infer` that neither batches (`max_batch_size` 0) nor is decoupled (what it takes is
-  worked out once per model instance, `_Plan`).
+- the request: every input's data in `raw_input_contents` (each input's entry, in order) or in typed `contents`
+  (every input's), decoded as every way decodes them (`codec`; an entry or contents that do not decode are the
+  general way's to refuse); no input or output parameters (shared memory, classification); request parameters
+  as the general way reads them (`Lean.parameters`);
+- the model: ready, not decoupled, its `infer` a plain method; a model under dynamic batching runs in a batch
+  formed in the gRPC threads (`batching.ThreadBatcher`).
 
-It enters and leaves through the same construct as every way (`accounting.Inference`), noting the moments the
-general way's timer would take (compute_input up to the wait for a slot, queue, the model as compute_infer, then
-the outputs as compute_output): the observers are told of a success by those moments (`Observer.ran_alone`, which
-the statistics and tracing take as they are, and any other observer as the record the general way would give),
-of a failure by its record. A timer is made only when an observer listens to a request's start (tracing: the
-caller's trace context is its parent, and the request's span is current while the model runs) or the request has
-an id (log lines name it).
-
-Any other request takes the general way (`__call__` returns None before anything happened), which answers it
-or refuses it with the usual error. Inputs are numpy views of the received bytes (read-only, as on the general
-way); the model runs in one of `Settings.model_threads` slots; an output that is an array of its declared
-datatype and shape is written as it is, anything else (another dtype to convert, response parameters, a wrong
-answer) goes through the pipeline's `finish` and the transport's encoder, which check and refuse it as always.
+Any other request takes the general way (`__call__` returns None before anything happened), which answers it or
+refuses it with the usual error. Raw inputs are numpy views of the received bytes (read-only, as on the general
+way); an output that is an array of its declared datatype and shape is written as it is (BYTES: its elements
+framed as raw contents are), anything else (another dtype to convert, response parameters, a wrong answer) goes
+through the pipeline's `finish` and the transport's encoder, which check and refuse it as always.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import grpc
 import numpy as np
 
-from ... import codec, datatypes
+from ... import codec
 from ...grpc import grpc_service_pb2 as pb
 from ...grpc.wire import ONE_BYTE_VARINTS, varint
-from ..core.accounting import Inference
-from ..core.batching import is_batching
-from ..core.invoke import call_in_thread, runs_alone
-from ..core.pipeline import Pipeline, PreparedRequest
-from ..core.validation import shape_fits, tensor_elements
-from ..errors import OipError
-from ..model import Model, TensorSpec
-from ..observe.events import Timer
+from ..core.lean import Lean, Plan
+from ..core.pipeline import Pipeline
+from ..model import TensorSpec
 from ..observe.tracing import carrier
 from ..settings import Settings
-from ..types import InferRequest, InferResponse
+from ..types import InferResponse
 from .infer_codec import InferCodec, InferWire, Malformed, message_size
 from .servicer import Observe, metadata, status
 
@@ -70,211 +56,173 @@ _OUTPUT: Final = pb.ModelInferResponse.InferOutputTensor
 _FIELDS: Final = _RESPONSE.DESCRIPTOR.fields_by_name
 _OUTPUTS_TAG: Final = varint(_FIELDS["outputs"].number << 3 | 2)
 _RAW_TAG: Final = varint(_FIELDS["raw_output_contents"].number << 3 | 2)
-_LEAN_DATATYPES: Final = frozenset(
-    info.name for info in datatypes.DATATYPES if not info.variable and info.name != "BOOL"
-)
 _MAX_HEADERS: Final = 4096  # serialized output headers kept per model (name, datatype, shape)
+_BOOL: Final = np.dtype(np.bool_)
+_VIEW_FROM: Final = 1 << 16  # output bytes from which the reply is joined from the array's memory, not a copy of it
 
 
-class _Input:
-    __slots__ = ("datatype", "dtype", "elements", "fixed", "index", "itemsize", "shape")
+class _Wire:
+    """What the reply of one model instance is made of: the serialized model name and version, and each output's
+    serialized header by (name, shape), made on the first answer of that shape."""
 
-    def __init__(self, index: int, spec: TensorSpec, limit: int) -> None:
-        info = datatypes.BY_NAME[spec.datatype]
-        self.index = index
-        self.datatype = spec.datatype
-        self.dtype = np.dtype(info.dtype)
-        self.itemsize = info.size
-        self.shape = list(spec.shape)
-        self.fixed = -1 not in self.shape
-        # A fixed shape's element count, checked once (the header check every request of that shape gets); None:
-        # over the limit (such a request takes the general way, which refuses it).
-        self.elements: int | None = None
-        if self.fixed:
-            try:
-                self.elements = tensor_elements(spec.name, self.shape, limit)
-            except OipError:
-                self.elements = None
+    __slots__ = ("headers", "prefix")
 
-
-class _Plan:
-    """What a request to one model instance takes on the lean way."""
-
-    def __init__(self, model: Model, limit: int) -> None:
-        self.model = model
-        self.inputs = {spec.name: _Input(i, spec, limit) for i, spec in enumerate(model.inputs)}
-        self.names = [spec.name for spec in model.inputs]
-        self.outputs = {spec.name: spec for spec in model.outputs}
-        self.all_outputs = list(model.outputs)
-        self.dtypes = {
-            spec.name: np.dtype(datatypes.BY_NAME[spec.datatype].dtype)
-            for spec in model.outputs if spec.datatype in _LEAN_DATATYPES
-        }
-        self.shapes = {spec.name: tuple(spec.shape) for spec in model.outputs}
+    def __init__(self, plan: Plan) -> None:
+        model = plan.model
         self.prefix = _RESPONSE(model_name=model.name, model_version=model.version).SerializeToString()
         self.headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
-    @staticmethod
-    def allows(model: Model) -> bool:
-        return (
-            runs_alone(model)
-            and model.max_batch_size == 0
-            and not is_batching(model)
-            and all(spec.datatype in _LEAN_DATATYPES for spec in model.inputs)
-        )
-
     def header(self, spec: TensorSpec, shape: tuple[int, ...]) -> bytes:
-        """An output's serialized InferOutputTensor, framed as an entry of the response's `outputs` (made on the
-        first answer of that shape: `headers` has it after)."""
-        body = _OUTPUT(name=spec.name, datatype=spec.datatype, shape=shape).SerializeToString()
-        header = _OUTPUTS_TAG + varint(len(body)) + body
-        if len(self.headers) < _MAX_HEADERS:
-            self.headers[spec.name, shape] = header
+        """An output's serialized InferOutputTensor, framed as an entry of the response's `outputs`."""
+        header = self.headers.get((spec.name, shape))
+        if header is None:
+            body = _OUTPUT(name=spec.name, datatype=spec.datatype, shape=shape).SerializeToString()
+            header = _OUTPUTS_TAG + varint(len(body)) + body
+            if len(self.headers) < _MAX_HEADERS:
+                self.headers[spec.name, shape] = header
         return header
 
 
 class UnaryInfer:
     """The lean way of unary ModelInfer (see the module's description). `encode` is the transport's encoder of
-    a data plane response (the reply the general way gives), for the answers this way does not write itself."""
+    a data plane response (the reply the general way gives), for the answers this way does not write itself;
+    `params` reads a protobuf parameters map as the general way's decoder does."""
 
-    def __init__(self, pipeline: Pipeline, settings: Settings, encode: Callable[[InferResponse], Any]) -> None:
-        self.pipeline = pipeline
+    def __init__(self, pipeline: Pipeline, settings: Settings, encode: Callable[[InferResponse], Any],
+                 params: Callable[[Any], dict[str, Any]] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.lean = Lean(pipeline)
+        self.loop = loop  # where dynamic batches run (None: a model that batches so takes the general way)
         self.settings = settings
         self.encode = encode
-        self._plans: dict[tuple[str, str], tuple[Model, _Plan | None]] = {}  # by the request's name and version
-        self._lock = threading.Lock()
+        self.params = params if params is not None else _params
+        self._wires: dict[int, _Wire] = {}  # by plan
 
-    def _plan(self, name: str, version: str) -> _Plan | None:
-        try:
-            model = self.pipeline.repository.get(name, version)
-        except OipError:
-            return None  # unknown or not ready: the general way answers
-        key = (name, version)
-        known = self._plans.get(key)
-        if known is not None and known[0] is model:
-            return known[1]
-        plan = _Plan(model, self.settings.max_tensor_elements) if _Plan.allows(model) else None
-        with self._lock:
-            if len(self._plans) > 1024:  # names that came and went
-                self._plans.clear()
-            self._plans[key] = (model, plan)
-        return plan
-
-    def __call__(self, message: Any, trace: dict[str, str] | None = None) -> Any:
+    def __call__(self, message: Any, trace: dict[str, str] | None = None, raw: Sequence[Any] | None = None) -> Any:
         """The reply (serialized) to `message`, or None when it takes the general way (nothing happened yet).
         An error of the request or the model is raised as the data plane's error, after it was counted. `trace`:
-        the caller's W3C trace context (`tracing.carrier`), when tracing is on."""
+        the caller's W3C trace context (`tracing.carrier`), when tracing is on; `raw`: the raw input contents when
+        they are not in `message` (a large request's views, `InferWire`)."""
         start = time.perf_counter_ns()
-        if message.parameters:
+        lean = self.lean
+        plan = lean.plan(message.model_name, message.model_version)
+        if plan is None or not plan.plain or (plan.batching and self.loop is None):
             return None
-        plan = self._plan(message.model_name, message.model_version)
-        if plan is None:
+        parameters = lean.parameters(self.params(message.parameters)) if message.parameters else {}
+        if parameters is None:
             return None
-        arrays = self._inputs(plan, message, self.settings.max_tensor_elements)
+        arrays = self._inputs(plan, message, message.raw_input_contents if raw is None else raw, lean.limit)
         if arrays is None:
+            return None
+        batch_size = plan.batch_size(arrays)
+        if batch_size is None:
             return None
         wanted = self._outputs(plan, message)
         if wanted is None:
             return None
-        pipeline = self.pipeline
-        observers, slots, request_id = pipeline.observers, pipeline.model_slots, message.id
-        timer = Timer(request_id, trace, "grpc") if observers.starting or request_id else None
-        with Inference(pipeline.repository, observers, plan.model, timer, request_id, start) as run:
-            run.queued = time.perf_counter_ns()
-            slots.take()
-            try:
-                run.started = time.perf_counter_ns()
-                result = call_in_thread(plan.model, arrays, {})
-                run.ended = time.perf_counter_ns()
-            finally:
-                slots.give(None)
-            return self._reply(plan, message, arrays, wanted, result)
+        request_id = message.id
+        with lean.inference(plan, request_id, trace, "grpc", start) as run:
+            result = lean.run_in_thread(run, plan, arrays, parameters, batch_size, self.loop)
+            return self._reply(plan, request_id, arrays, wanted, result, batch_size)
 
     @staticmethod
-    def _inputs(plan: _Plan, message: Any, limit: int) -> dict[str, Any] | None:
-        raw = message.raw_input_contents
+    def _inputs(plan: Plan, message: Any, raw: Sequence[Any], limit: int) -> dict[str, Any] | None:
         tensors = message.inputs
         count = len(plan.names)
-        if len(tensors) != count or len(raw) != count:
+        if len(tensors) != count or (raw and len(raw) != count):
             return None
         given: list[Any] = [None] * count
         declared = plan.inputs
         for i, tensor in enumerate(tensors):
             spec = declared.get(tensor.name)
-            if (spec is None or given[spec.index] is not None or tensor.datatype != spec.datatype
-                    or tensor.parameters or tensor.HasField("contents")):
+            if spec is None or given[spec.index] is not None or tensor.datatype != spec.datatype or tensor.parameters:
                 return None
             shape = tensor.shape[:]
-            if spec.fixed:
-                elements = spec.elements
-                if shape != spec.shape or elements is None:
-                    return None
-            elif not shape_fits(spec.shape, shape):
+            elements = spec.count(shape, limit)
+            if elements is None:
                 return None
+            if raw:
+                if tensor.HasField("contents"):
+                    return None
+                data = raw[i]
+                if spec.itemsize and spec.dtype is not _BOOL:  # fixed-size numbers: a view of the bytes as they are
+                    if len(data) != elements * spec.itemsize:
+                        return None
+                    given[spec.index] = np.frombuffer(data, dtype=spec.dtype).reshape(shape)
+                    continue
+                decode: Callable[..., Any] = codec.from_raw
+            elif tensor.HasField("contents"):
+                data = tensor.contents
+                decode = codec.from_contents_message
             else:
-                try:
-                    elements = tensor_elements(tensor.name, shape, limit)
-                except (OipError, codec.CodecError):
-                    return None
-            data = raw[i]
-            if len(data) != elements * spec.itemsize:
                 return None
-            given[spec.index] = np.frombuffer(data, dtype=spec.dtype).reshape(shape)
+            try:
+                given[spec.index] = decode(data, spec.datatype, shape, name=spec.name)
+            except codec.CodecError:
+                return None
         return dict(zip(plan.names, given, strict=True))
 
     @staticmethod
-    def _outputs(plan: _Plan, message: Any) -> list[TensorSpec] | None:
+    def _outputs(plan: Plan, message: Any) -> list[TensorSpec] | None:
         requested = message.outputs
         if not requested:
             return plan.all_outputs
-        wanted: list[TensorSpec] = []
         for output in requested:
-            spec = plan.outputs.get(output.name)
-            if spec is None or output.parameters or spec in wanted:
+            if output.parameters:
                 return None
-            wanted.append(spec)
-        return wanted
+        return plan.outputs_wanted([output.name for output in requested])
 
-    def _reply(self, plan: _Plan, message: Any, arrays: dict[str, Any], wanted: list[TensorSpec],
-               result: Any) -> Any:
-        if type(result) is dict:
-            parts: list[bytes] = [plan.prefix]
-            request_id = message.id
+    def _reply(self, plan: Plan, request_id: str, arrays: dict[str, Any], wanted: list[TensorSpec], result: Any,
+               batch_size: int) -> Any:
+        outputs = plan.answer(result, wanted, batch_size)
+        if outputs is not None:
+            wire = self._wires.get(id(plan))
+            if wire is None or len(self._wires) > _MAX_HEADERS:
+                if len(self._wires) > _MAX_HEADERS:
+                    self._wires.clear()
+                wire = self._wires[id(plan)] = _Wire(plan)
+            parts: list[bytes | memoryview] = [wire.prefix]
             if request_id:
                 parts.append(_RESPONSE(id=request_id).SerializeToString())
-            raws: list[bytes] = []
-            headers = plan.headers
-            for spec in wanted:
-                value = result.get(spec.name)
-                if type(value) is not np.ndarray or value.dtype != plan.dtypes.get(spec.name):
-                    break
-                shape = value.shape
-                declared = plan.shapes[spec.name]
-                if shape != declared and not shape_fits(declared, shape):
-                    break
-                header = headers.get((spec.name, shape))
-                parts.append(header if header is not None else plan.header(spec, shape))
-                data = value.tobytes()
-                size = len(data)
+            raws: list[bytes | memoryview] = []
+            for spec, value in zip(wanted, outputs, strict=True):
+                parts.append(wire.header(spec, value.shape))
+                data: bytes | memoryview
+                if value.dtype.kind == "O":  # BYTES: its elements framed; one that is no string: as below
+                    try:
+                        data = codec.to_raw(value, spec.datatype, name=spec.name)
+                    except codec.CodecError:
+                        break
+                elif value.nbytes < _VIEW_FROM:
+                    data = value.tobytes()
+                else:  # large: the array's own bytes, copied once, into the reply
+                    data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
+                size = data.nbytes if type(data) is memoryview else len(data)
                 raws += (_RAW_TAG, ONE_BYTE_VARINTS[size] if size < 0x80 else varint(size), data)
             else:
                 return b"".join(parts + raws)
         # Anything else: checked, converted or refused as the pipeline does, encoded by the transport.
-        request = InferRequest(model_name=message.model_name, model_version=message.model_version, id=message.id)
-        prepared = PreparedRequest(arrays, wanted, {}, {}, 1, {})
-        return self.encode(self.pipeline.finish(plan.model, request, prepared, result, {}))
+        return self.encode(self.lean.finish(plan, request_id, arrays, wanted, result, batch_size))
+
+
+def _params(entries: Any) -> dict[str, Any]:
+    """A protobuf parameters map as the general way's decoder reads it."""
+    from ... import convert
+
+    return convert.params_from_proto(pb.InferParameter.DESCRIPTOR.full_name, entries)
 
 
 def in_thread(
-    pipeline: Pipeline, settings: Settings, infer: InferCodec[Any], rpc: str, observe: Observe | None, tracing: bool
+    pipeline: Pipeline, settings: Settings, infer: InferCodec[Any], rpc: str, observe: Observe | None, tracing: bool,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Callable[[Any, grpc.ServicerContext], Any]:
     """Unary inference wholly in the gRPC thread, for a model that allows it (`Pipeline.runs_in_thread`): the same
     decoding, pipeline, encoding and errors as the servicer's way (`ServicerBase.infer_call`); NOT_HERE for any
     other request. The common request takes the lean way (`UnaryInfer`: the same checks, counts and errors, less
-    work). `observe` counts and logs each answer; with `tracing`, the caller's trace context goes with the
-    request."""
+    work; a model under dynamic batching in a batch on `loop`, when given). `observe` counts and logs each answer;
+    with `tracing`, the caller's trace context goes with the request."""
     decode_request, encode_wire = infer.decode_request, infer.encode_wire
-    lean = UnaryInfer(pipeline, settings, encode_wire)
+    lean = UnaryInfer(pipeline, settings, encode_wire, infer.params_from_proto, loop)
     request_type = infer.request
 
     def infer_in_thread(request: Any, context: grpc.ServicerContext) -> Any:
@@ -282,9 +230,10 @@ def in_thread(
             return NOT_HERE
         start, code, sent = time.perf_counter_ns(), "OK", 0
         trace = carrier(metadata(context).get) if tracing else None
-        if type(request) is request_type:  # the common request: the lean way
+        wire = request if type(request) is InferWire else None
+        if wire is not None or type(request) is request_type:  # the lean way, if it takes it
             try:
-                reply = lean(request, trace)
+                reply = lean(request, trace) if wire is None else lean(wire.message, trace, wire.raw)
             except Exception as exc:
                 status_code, details = status(exc)
                 code = str(status_code.name)
@@ -296,7 +245,6 @@ def in_thread(
                 if observe is not None:
                     observe(rpc, code, start, request, message_size(reply))
                 return reply
-        wire = request if isinstance(request, InferWire) else None
         message = wire.message if wire is not None else request
         if not pipeline.runs_in_thread(message.model_name, message.model_version):
             return NOT_HERE

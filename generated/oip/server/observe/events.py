@@ -22,9 +22,10 @@ subscribe the same way (`DataPlane.observers`). Observers are called on the even
 otherwise ignored. Every way an inference runs reports through one construct (`core.accounting.Inference`), and
 the observers as one composite (`Observers`), which calls each observer only for what it listens to.
 
-The lean gRPC way (`grpc.in_thread.UnaryInfer`) times a successful request by five moments instead of a timer and
-reports them as they are (`Observer.ran_alone`): an observer may take them directly (the statistics do, and
-tracing); by default they become the request's record, as on every other way.
+The lean way (`core.lean`, over both transports) times a request by five moments instead of a timer and reports a
+success that ran alone as they are (`Observer.ran_alone`): an observer may take them directly (the statistics do,
+and tracing); by default they become the request's record, as on every other way. Its other requests (a failure,
+a request of a dynamic batch) are reported by the record their moments make (`InferenceRecord.from_marks`).
 
 Observers are also told when a request starts (`request_started`, once its model version is known), with the
 request's timer: `Timer.state` holds what an observer keeps for the request until it finishes (a trace span), and
@@ -137,12 +138,12 @@ class InferenceRecord:
     @classmethod
     def from_marks(
         cls, model: str, version: str, request_id: str, error: OipError | None, start: int, queued: int,
-        started: int, ended: int, done: int, timer: Timer | None = None,
+        started: int, ended: int, done: int, timer: Timer | None = None, batch_size: int = 1,
     ) -> InferenceRecord:
-        """The record of a request that ran alone, timed by moments on `time.perf_counter_ns`'s clock (the lean
-        gRPC way): `start`, then `queued` (waiting for a slot), `started` and `ended` (the model), `done`; a moment
-        the request never reached is 0 (a failure), and so is the phase it would have begun (no span), as on the
-        general way. `timer` (when there is one) gives the observers' state and the clock's offset."""
+        """The record of a request timed by moments on `time.perf_counter_ns`'s clock (the lean way): `start`, then
+        `queued` (waiting for a slot, or for its dynamic batch), `started` and `ended` (the model), `done`; a
+        moment the request never reached is 0 (a failure), and so is the phase it would have begun (no span), as
+        on the general way. `timer` (when there is one) gives the observers' state and the clock's offset."""
         marks: list[tuple[str, int, int]] = [(COMPUTE_INPUT, start, queued or done)]
         if queued:
             marks.append((QUEUE, queued, started or done))
@@ -153,8 +154,9 @@ class InferenceRecord:
         queued, started, ended = queued or done, started or done, ended or done
         offset = timer.start_unix - timer.start if timer is not None else time.time_ns() - time.perf_counter_ns()
         return cls(
-            model, version, request_id, 1, error, started - queued, queued - start, ended - started, done - ended,
-            done - start, start + offset, tuple(marks), offset, None, timer.state if timer is not None else None,
+            model, version, request_id, batch_size, error, started - queued, queued - start, ended - started,
+            done - ended, done - start, start + offset, tuple(marks), offset, None,
+            timer.state if timer is not None else None,
         )
 
     @property

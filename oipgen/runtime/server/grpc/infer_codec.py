@@ -69,7 +69,7 @@ class InferCodec(Generic[_R]):
         for tensor in message.inputs:
             name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
             tensor_elements(name, shape, limit)
-            params = self._params_from_proto(tensor.parameters)
+            params = self.params_from_proto(tensor.parameters)
             if tensor.HasField("contents"):
                 data = codec.from_contents_message(tensor.contents, datatype, shape, name=name)
             elif _SHARED_MEMORY in params:
@@ -88,9 +88,9 @@ class InferCodec(Generic[_R]):
             model_name=message.model_name,
             model_version=message.model_version,
             id=message.id,
-            parameters=self._params_from_proto(message.parameters),
+            parameters=self.params_from_proto(message.parameters),
             inputs=inputs,
-            outputs=[RequestedOutput(o.name, self._params_from_proto(o.parameters)) for o in message.outputs],
+            outputs=[RequestedOutput(o.name, self.params_from_proto(o.parameters)) for o in message.outputs],
         )
 
     def encode_response(self, response: InferResponse) -> _R:
@@ -150,7 +150,7 @@ class InferCodec(Generic[_R]):
                 raise ModelFailure(str(exc)) from None
         return message, raw
 
-    def _params_from_proto(self, entries: Mapping[str, Any]) -> dict[str, Any]:
+    def params_from_proto(self, entries: Mapping[str, Any]) -> dict[str, Any]:
         return convert.params_from_proto(self.param_type, entries)
 
     def _params_to_proto(self, params: Mapping[str, Any], target: MutableMapping[str, Any], where: str) -> None:

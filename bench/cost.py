@@ -1,0 +1,222 @@
+"""What each workload costs our server per request, in process: no sockets, no HTTP or HTTP/2 framing, so that a
+change to the inference path shows in microseconds rather than in the noise of a loaded machine.
+
+A workload of bench/loadgen.py (its very request: body and headers, or gRPC message) goes to what answers it in
+the server, built as `serve` builds it over bench/servers/oipgen_repo (`Assembly`): a REST request through the
+ASGI app, a unary gRPC request through the gRPC thread's handler (`in_thread`; where that hands the call to the
+event loop, the servicer's coroutine, as the server does; the dynamically batched model's from threads, as gRPC's
+threads call it), a stream through the servicer's stream method. Every
+answer is checked as the load generator checks it. Per workload: CPU per request (the whole process), Python calls
+per request (counted by a profile hook), and with `--profile` cProfile's functions with the most own time.
+Requests run one at a time, except the dynamically batched model's: `--batch N` at once (default 8), so that
+batches form. Run pinned to one CPU for steady figures: `taskset -c 0 python bench/cost.py ...`.
+
+    python bench/cost.py [--workloads simple_rest,text_grpc,...] [--requests 5000] [--profile] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import io
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+# bench/profile.py is not the standard library's `profile`, which cProfile imports: this folder comes after it.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "generated"))
+
+import loadgen  # noqa: E402
+
+MODELS = BENCH / "servers" / "oipgen_repo"
+SMALL = tuple(w for w in loadgen.WORKLOADS if not w.startswith("identity"))
+
+
+class _Context:
+    """What the gRPC handlers see of a call."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("user-agent", "bench"),)
+
+    def abort(self, code: Any, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+    def code(self) -> None:
+        return None
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def time_remaining(self) -> None:
+        return None
+
+    def add_callback(self, callback: Any) -> bool:
+        return True
+
+
+def _rest(app: Any, name: str) -> Callable[[], Awaitable[None]]:
+    request = loadgen.rest_request(name, 1000)
+    headers = [(b"host", b"bench"), *((k.lower().encode(), v.encode()) for k, v in request.headers.items()),
+               (b"content-length", str(len(request.body)).encode())]
+    scope_base = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                  "scheme": "http", "path": request.path, "raw_path": request.path.encode(), "query_string": b"",
+                  "root_path": "", "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+
+    class Headers(dict[str, str]):
+        def get(self, key: str, default: Any = None) -> Any:
+            return super().get(key.lower(), default)
+
+    async def one(check: bool = False) -> None:
+        messages = [{"type": "http.request", "body": request.body, "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(dict(scope_base), receive, send)
+        if sent[0]["status"] != 200:
+            raise RuntimeError(f"{name}: HTTP {sent[0]['status']}: {sent[1:2]}")
+        if check:
+            raw = b"".join(bytes(m.get("body", b"")) for m in sent[1:])
+
+            class Response:
+                headers = Headers({k.decode(): v.decode() for k, v in sent[0]["headers"]})
+
+            request.check(raw, Response)
+
+    return one
+
+
+def _grpc(handler: Any, servicer: Any, name: str) -> Callable[[], Awaitable[None]]:
+    from oip.grpc import grpc_service_pb2 as pb
+    from oip.server.grpc.in_thread import NOT_HERE
+
+    message, expected, _ = loadgen.grpc_request(name, 1000)
+    context = _Context()
+    parse = servicer.infer.parser(pb.ModelInferRequest)
+    wire = message.SerializeToString()
+    if name == "decoupled_grpc":
+        async def stream(check: bool = False) -> None:
+            async def requests() -> Any:
+                yield parse(wire)
+
+            replies = [reply.SerializeToString() async for reply in servicer.ModelStreamInfer(requests(), context)]
+            if check:
+                loadgen._stream_check(replies, pb)
+
+        return stream
+
+    threaded = name.startswith("batched")  # joins the loop's batches from gRPC threads: called from threads here
+    pool = concurrent.futures.ThreadPoolExecutor(16) if threaded else None
+
+    async def one(check: bool = False) -> None:
+        request = parse(wire)  # as grpcio hands it over: parsed by the handler's deserializer
+        if pool is not None:
+            reply = await asyncio.get_running_loop().run_in_executor(pool, handler, request, context)
+        else:
+            reply = handler(request, context)
+        if reply is NOT_HERE:
+            reply = await servicer.ModelInfer(request, context)
+        if check:
+            raw = reply if isinstance(reply, bytes) else reply.SerializeToString()
+            if list(pb.ModelInferResponse.FromString(raw).raw_output_contents) != expected:
+                raise RuntimeError(f"{name}: wrong answer")
+
+    return one
+
+
+def measure(workloads: list[str], requests: int, batch: int, profile: bool, top: int) -> None:
+    from oip.server import Assembly, ModelRepository, Settings
+    from oip.server.grpc.in_thread import in_thread
+
+    async def main() -> None:
+        settings = Settings()
+        repository = ModelRepository(MODELS)
+        await repository.load_all()
+        assembly = Assembly.build(repository, settings)
+        app = assembly.rest_app()
+        servicer = assembly.servicer()
+        handler = in_thread(assembly.dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, False,
+                            asyncio.get_running_loop())
+        for name in workloads:
+            one = _grpc(handler, servicer, name) if "grpc" in name else _rest(app, name)
+            at_once = batch if name.startswith("batched") else 1
+
+            async def step(one: Any = one, at_once: int = at_once) -> None:
+                if at_once == 1:
+                    await one()
+                else:
+                    await asyncio.gather(*(one() for _ in range(at_once)))
+
+            await one(check=True)
+            rounds = max(1, requests // at_once)
+            for _ in range(min(rounds, 500)):
+                await step()
+            calls = [0]
+
+            def count(frame: Any, event: str, arg: Any, calls: list[int] = calls) -> None:
+                if event == "call":
+                    calls[0] += 1
+
+            sys.setprofile(count)
+            for _ in range(20):
+                await step()
+            sys.setprofile(None)
+            start = time.process_time()
+            for _ in range(rounds):
+                await step()
+            cpu = (time.process_time() - start) / (rounds * at_once) * 1e6
+            print(f"{name:24s} {cpu:8.1f} us/request  {calls[0] / (20 * at_once):6.0f} calls/request", flush=True)
+            if profile:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(rounds):
+                    await step()
+                profiler.disable()
+                out = io.StringIO()
+                pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+                print(out.getvalue())
+        await repository.unload_all()
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default=",".join(SMALL), help="comma-separated workloads of bench/loadgen.py")
+    p.add_argument("--requests", type=int, default=5000)
+    p.add_argument("--batch", type=int, default=8, help="requests at once to the dynamically batched model")
+    p.add_argument("--profile", action="store_true", help="cProfile's functions with the most own time")
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args(argv)
+    workloads = [w for w in args.workloads.split(",") if w]
+    for name in workloads:
+        if name not in loadgen.WORKLOADS:
+            p.error(f"unknown workload {name!r}")
+    measure(workloads, args.requests, args.batch, args.profile, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

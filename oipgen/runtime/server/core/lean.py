@@ -1,0 +1,247 @@
+"""The lean way of inference: the common request, from a transport's decoder straight to the model and back, with
+only the work it needs and the same checks, accounting and errors as the general way (`pipeline`).
+
+A transport's lean decoder (`grpc.in_thread`, `rest.infer_codec`) reads a request against its model's `Plan` (what
+a request to one model instance takes, worked out once per instance: each input's declared datatype, dtype and
+shape, each output's) into arrays by input name, the request parameters and the outputs wanted. It reads the
+common request only: every declared input once, with its declared datatype and a shape that fits its declaration
+(the rules of every way: `validation.shape_fits`, `validation.tensor_elements`; a model that batches: the same
+batch size on every input, 1 to `max_batch_size`), no shared memory, no classification, no other input or output
+parameters than the transport's own (binary data over REST). Anything else it leaves to the general way before
+anything happened (`None`), which answers it or refuses it with its usual error; so do request parameters the
+general way would refuse (`Lean.parameters`).
+
+`Lean.run_in_thread` (the gRPC thread) and `Lean.run_on_loop` (the event loop) run the model as the general way
+does (in one of the model slots, on the loop, or in a dynamic batch whose runs the batcher reports), inside the
+one construct every inference enters and leaves through (`accounting.Inference`, opened by `Lean.inference`),
+noting its moments rather than timing it with a `Timer` (made only when an observer listens to starts or the
+request has an id). `Plan.answer` takes the model's outputs as they are when they are arrays of their declared
+datatype and shape; anything else (another dtype to convert, response parameters, a wrong answer) goes through the
+pipeline's `finish` (`Lean.finish`) and the transport's general encoder, which convert or refuse it as always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ... import datatypes
+from ..errors import OipError
+from ..model import Model, TensorSpec
+from ..observe.events import Timer
+from ..types import InferRequest, InferResponse
+from .accounting import Inference
+from .batching import batch_rows, is_batching
+from .invoke import call_in_thread, is_plain
+from .pipeline import PARAMETERS, Pipeline, PreparedRequest
+from .validation import check_request_parameters, declared_shape, shape_fits, tensor_elements
+
+__all__ = ["InputPlan", "Lean", "Plan"]
+
+_MAX_PLANS: Final = 1024  # model names and versions whose plans are kept (names that came and went are dropped)
+
+
+class InputPlan:
+    """One declared input as the lean way reads it: its position, datatype, numpy dtype and element size (0 for
+    BYTES), its declared shape (a batching model's with its batch dimension, -1), and for a fixed shape its
+    element count (None: over the limit, which the general way refuses)."""
+
+    __slots__ = ("datatype", "dtype", "elements", "fixed", "index", "itemsize", "name", "shape", "variable")
+
+    def __init__(self, index: int, model: Model, spec: TensorSpec, limit: int) -> None:
+        info = datatypes.BY_NAME[spec.datatype]
+        self.index = index
+        self.name = spec.name
+        self.datatype = spec.datatype
+        self.dtype = np.dtype(info.dtype)
+        self.variable = info.variable
+        self.itemsize = 0 if info.variable else info.size
+        self.shape = list(declared_shape(model, spec))
+        self.fixed = -1 not in self.shape
+        self.elements: int | None = None
+        if self.fixed:
+            try:
+                self.elements = tensor_elements(spec.name, self.shape, limit)
+            except OipError:
+                self.elements = None
+
+    def count(self, shape: list[int], limit: int) -> int | None:
+        """The element count of a request tensor of this input with `shape`, when the shape fits the declaration
+        and the limit; None otherwise (the general way's to refuse)."""
+        if self.fixed:
+            return self.elements if shape == self.shape else None
+        if not shape_fits(self.shape, shape):
+            return None
+        try:
+            return tensor_elements(self.name, shape, limit)
+        except (OipError, ValueError):
+            return None
+
+
+class Plan:
+    """What a request to one model instance takes on the lean way (see the module's description)."""
+
+    def __init__(self, model: Model, limit: int) -> None:
+        self.model = model
+        self.batching = is_batching(model)  # dynamic batching: run in a batch
+        self.max_batch_size = model.max_batch_size  # > 0: inputs and outputs have a batch dimension first
+        self.plain = is_plain(model.infer)
+        self.inputs = {spec.name: InputPlan(i, model, spec, limit) for i, spec in enumerate(model.inputs)}
+        self.names = [spec.name for spec in model.inputs]
+        self.outputs = {spec.name: spec for spec in model.outputs}
+        self.all_outputs = list(model.outputs)
+        self.dtypes = {spec.name: np.dtype(datatypes.BY_NAME[spec.datatype].dtype) for spec in model.outputs}
+        self.shapes = {spec.name: tuple(declared_shape(model, spec)) for spec in model.outputs}
+
+    @staticmethod
+    def allows(model: Model) -> bool:
+        """Whether requests to `model` may take the lean way: one response each (not decoupled)."""
+        return not model.decoupled
+
+    def batch_size(self, arrays: Mapping[str, npt.NDArray[Any]]) -> int | None:
+        """The request's batch size: 1 for a model that does not batch; for one that does, the first dimension
+        every input shares, 1 to max_batch_size (None otherwise: the general way refuses the request)."""
+        if not self.max_batch_size:
+            return 1
+        rows = batch_rows(arrays)
+        return rows if rows is not None and 1 <= rows <= self.max_batch_size else None
+
+    def outputs_wanted(self, names: Sequence[str]) -> list[TensorSpec] | None:
+        """The outputs to answer, in answer order (every one when `names` is empty); None for an unknown or repeated
+        name (the general way refuses it)."""
+        if not names:
+            return self.all_outputs
+        wanted: list[TensorSpec] = []
+        for name in names:
+            spec = self.outputs.get(name)
+            if spec is None or spec in wanted:
+                return None
+            wanted.append(spec)
+        return wanted
+
+    def answer(self, result: Any, wanted: list[TensorSpec], batch_size: int) -> list[npt.NDArray[Any]] | None:
+        """The wanted outputs of what the model returned, when each is an array of its declared datatype and shape
+        (BYTES: an object array, whose elements the encoder checks); None for anything else (`Lean.finish`)."""
+        if type(result) is not dict:
+            return None
+        arrays: list[npt.NDArray[Any]] = []
+        for spec in wanted:
+            value = result.get(spec.name)
+            if type(value) is not np.ndarray or value.dtype != self.dtypes[spec.name]:
+                return None
+            shape = value.shape
+            declared = self.shapes[spec.name]
+            if shape != declared and not shape_fits(declared, shape):
+                return None
+            if self.max_batch_size and shape[0] != batch_size:
+                return None
+            arrays.append(value)
+        return arrays
+
+
+class Lean:
+    """The lean way over a pipeline: the plans of its models, and how a request runs (see the module's
+    description)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.limit = pipeline.settings.max_tensor_elements
+        self._plans: dict[tuple[str, str], tuple[Model, Plan | None]] = {}  # by the request's name and version
+        self._lock = threading.Lock()
+
+    def plan(self, name: str, version: str) -> Plan | None:
+        """The plan of the model version a request names; None when it is unknown, not ready or not for the lean
+        way (the general way answers)."""
+        try:
+            model = self.pipeline.repository.get(name, version)
+        except OipError:
+            return None
+        key = (name, version)
+        known = self._plans.get(key)
+        if known is not None and known[0] is model:
+            return known[1]
+        plan = Plan(model, self.limit) if Plan.allows(model) else None
+        with self._lock:
+            if len(self._plans) > _MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = (model, plan)
+        return plan
+
+    def parameters(self, given: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What the model sees of the request parameters, as the general way makes it
+        (`validation.check_request_parameters`); None when the general way would refuse them (a reserved key, a
+        value of the wrong type, parameters without the parameters extension), so that it does."""
+        if not given:
+            return {}
+        try:
+            checked = check_request_parameters(given)
+        except OipError:
+            return None
+        if checked and PARAMETERS not in self.pipeline.enabled:
+            return None
+        return checked
+
+    def inference(self, plan: Plan, request_id: str, trace: Mapping[str, str] | None, transport: str,
+                  start: int) -> Inference:
+        """The request's hold on its model version, from `start` (`time.perf_counter_ns`): `with` it around the run
+        and the answer's encoding. A timer only when an observer listens to starts or the request has an id."""
+        pipeline = self.pipeline
+        observers = pipeline.observers
+        timer = Timer(request_id, trace, transport) if observers.starting or request_id else None
+        return Inference(pipeline.repository, observers, plan.model, timer, request_id, start)
+
+    def run_in_thread(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
+                      batch_size: int, loop: asyncio.AbstractEventLoop | None) -> Any:
+        """Run a plain `infer` from this thread (not the event loop's): in one of the model slots here, or under
+        dynamic batching in a batch on `loop` (`Batcher.infer_from_thread`); what it returned for this request."""
+        pipeline = self.pipeline
+        run.queued = time.perf_counter_ns()
+        run.batch_size = batch_size
+        if plan.batching:
+            if loop is None:
+                raise ValueError("a request under dynamic batching runs in a batch on the event loop: no loop given")
+            result, _, run.started, run.ended = pipeline.batcher.infer_from_thread(loop, plan.model, arrays,
+                                                                                  parameters, pipeline.run)
+            run.alone = False
+            return result
+        slots = pipeline.model_slots
+        slots.take()
+        try:
+            run.started = time.perf_counter_ns()
+            result = call_in_thread(plan.model, arrays, parameters)
+            run.ended = time.perf_counter_ns()
+        finally:
+            slots.give(None)
+        return result
+
+    async def run_on_loop(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
+                          batch_size: int) -> Any:
+        """Run the model from the event loop as the general way does (`Pipeline.schedule`): in a dynamic batch, or
+        alone (inline, a coroutine on the loop, a plain method in a worker thread's slot); what it returned for this
+        request."""
+        pipeline = self.pipeline
+        run.queued = time.perf_counter_ns()
+        if plan.batching:
+            result, _, run.started, run.ended = await pipeline.batcher.infer(plan.model, arrays, parameters,
+                                                                            pipeline.run)
+            run.batch_size, run.alone = batch_size, False
+        else:
+            result, run.started, run.ended = await pipeline.run(plan.model, arrays, parameters)
+            run.batch_size = batch_size
+        return result
+
+    def finish(self, plan: Plan, request_id: str, arrays: dict[str, Any], wanted: list[TensorSpec], result: Any,
+               batch_size: int) -> InferResponse:
+        """The general way's response to what the model returned (`Pipeline.finish`: converted, or refused with its
+        error), for a transport's general encoder."""
+        model = plan.model
+        request = InferRequest(model_name=model.name, model_version=model.version, id=request_id)
+        prepared = PreparedRequest(arrays, wanted, {}, {}, batch_size, {})
+        return self.pipeline.finish(model, request, prepared, result, {})
+
