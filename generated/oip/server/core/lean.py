@@ -5,10 +5,12 @@
 """The lean way of inference: the common request, from a transport's decoder straight to the model and back, with
 only the work it needs and the same checks, accounting and errors as the general way (`pipeline`).
 
-A transport's lean decoder (`grpc.in_thread`, `rest.infer_codec`) reads a request against its model's `Plan` (what
-a request to one model instance takes, worked out once per instance: each input's declared datatype, dtype and
-shape, each output's) into arrays by input name, the request parameters and the outputs wanted. It reads the
-common request only: every declared input once, with its declared datatype and a shape that fits its declaration
+Every request the data plane gets tries it first (`Pipeline.infer`, `Pipeline.infer_in_thread`: `Lean.infer_on_loop`,
+`Lean.infer_in_thread`, which read the decoded request with `Lean.take`); the gRPC thread's lean decoder
+(`grpc.in_thread`) reads the message itself. Either reads a request against its model's `Plan` (what a request to
+one model instance takes, worked out once per instance: each input's declared datatype, dtype and shape, each
+output's) into arrays by input name, the request parameters and the outputs wanted. It reads the common request
+only: every declared input once, with its declared datatype and a shape that fits its declaration
 (the rules of every way: `validation.shape_fits`, `validation.tensor_elements`; a model that batches: the same
 batch size on every input, 1 to `max_batch_size`), no shared memory, no classification, no other input or output
 parameters than the transport's own (binary data over REST). Anything else it leaves to the general way before
@@ -30,7 +32,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,15 +41,20 @@ from ... import datatypes
 from ..errors import OipError
 from ..model import Model, TensorSpec
 from ..observe.events import Timer
-from ..types import InferRequest, InferResponse
+from ..types import InferRequest, InferResponse, Tensor
 from .accounting import Inference
 from .batching import batch_rows, is_batching
 from .invoke import call_in_thread, is_plain
-from .pipeline import PARAMETERS, Pipeline, PreparedRequest
 from .validation import check_request_parameters, declared_shape, shape_fits, tensor_elements
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+PARAMETERS: Final = "parameters"  # the extension request parameters need to reach the model (`pipeline.PARAMETERS`)
 
 __all__ = ["InputPlan", "Lean", "Plan"]
 
+_BYTES: Final = frozenset({bytes})
 _MAX_PLANS: Final = 1024  # model names and versions whose plans are kept (names that came and went are dropped)
 
 
@@ -131,7 +138,7 @@ class Plan:
 
     def answer(self, result: Any, wanted: list[TensorSpec], batch_size: int) -> list[npt.NDArray[Any]] | None:
         """The wanted outputs of what the model returned, when each is an array of its declared datatype and shape
-        (BYTES: an object array, whose elements the encoder checks); None for anything else (`Lean.finish`)."""
+        (BYTES: an object array of `bytes`); None for anything else (`Lean.finish`)."""
         if type(result) is not dict:
             return None
         arrays: list[npt.NDArray[Any]] = []
@@ -139,6 +146,8 @@ class Plan:
             value = result.get(spec.name)
             if type(value) is not np.ndarray or value.dtype != self.dtypes[spec.name]:
                 return None
+            if value.dtype.kind == "O" and not set(map(type, value.ravel().tolist())) <= _BYTES:
+                return None  # BYTES whose elements are not all bytes yet: converted or refused by `finish`
             shape = value.shape
             declared = self.shapes[spec.name]
             if shape != declared and not shape_fits(declared, shape):
@@ -210,8 +219,8 @@ class Lean:
         if plan.batching:
             if loop is None:
                 raise ValueError("a request under dynamic batching runs in a batch on the event loop: no loop given")
-            result, _, run.started, run.ended = pipeline.batcher.infer_from_thread(loop, plan.model, arrays,
-                                                                                  parameters, pipeline.run)
+            result, run.formed, run.started, run.ended = pipeline.batcher.infer_from_thread(
+                loop, plan.model, arrays, parameters, pipeline.run)
             run.alone = False
             return result
         slots = pipeline.model_slots
@@ -232,11 +241,11 @@ class Lean:
         pipeline = self.pipeline
         run.queued = time.perf_counter_ns()
         if plan.batching:
-            result, _, run.started, run.ended = await pipeline.batcher.infer(plan.model, arrays, parameters,
-                                                                            pipeline.run)
+            result, run.formed, run.started, run.ended = await pipeline.batcher.infer(plan.model, arrays, parameters,
+                                                                                      pipeline.run)
             run.batch_size, run.alone = batch_size, False
         else:
-            result, run.started, run.ended = await pipeline.run(plan.model, arrays, parameters)
+            result, run.started, run.ended = await pipeline.run(plan.model, arrays, parameters, run.model_started)
             run.batch_size = batch_size
         return result
 
@@ -244,8 +253,81 @@ class Lean:
                batch_size: int) -> InferResponse:
         """The general way's response to what the model returned (`Pipeline.finish`: converted, or refused with its
         error), for a transport's general encoder."""
+        from .pipeline import PreparedRequest
+
         model = plan.model
         request = InferRequest(model_name=model.name, model_version=model.version, id=request_id)
         prepared = PreparedRequest(arrays, wanted, {}, {}, batch_size, {})
         return self.pipeline.finish(model, request, prepared, result, {})
 
+
+    # --- the decoded request (`types.InferRequest`), as the data plane gets it from either transport ----------
+
+    def take(self, plan: Plan, request: InferRequest) -> tuple[dict[str, Any], dict[str, Any], list[TensorSpec],
+                                                                int] | None:
+        """The arrays by input name (in declared order), the parameters the model sees, the outputs wanted and the
+        batch size of a decoded request, when it is the common request (see the module's description); None
+        otherwise."""
+        tensors = request.inputs
+        names = plan.names
+        if request.raw_input is not None or len(tensors) != len(names):
+            return None
+        declared = plan.inputs
+        given: list[Any] = [None] * len(names)
+        limit = self.limit
+        for tensor in tensors:
+            spec = declared.get(tensor.name)
+            data = tensor.data
+            if (spec is None or given[spec.index] is not None or tensor.datatype != spec.datatype or tensor.parameters
+                    or data is None or data.dtype != spec.dtype or spec.count(tensor.shape, limit) is None
+                    or data.shape != tuple(tensor.shape)):
+                return None
+            given[spec.index] = data
+        for output in request.outputs:
+            if output.parameters:
+                return None
+        wanted = plan.outputs_wanted([output.name for output in request.outputs])
+        parameters = self.parameters(request.parameters)
+        if wanted is None or parameters is None:
+            return None
+        arrays = dict(zip(names, given, strict=True))
+        batch_size = plan.batch_size(arrays)
+        return None if batch_size is None else (arrays, parameters, wanted, batch_size)
+
+    def response(self, plan: Plan, request_id: str, arrays: dict[str, Any], wanted: list[TensorSpec], result: Any,
+                 batch_size: int) -> InferResponse:
+        """The data plane's response to what the model returned: its outputs as they are (`Plan.answer`), or as the
+        general way makes them (`finish`)."""
+        outputs = plan.answer(result, wanted, batch_size)
+        if outputs is None:
+            return self.finish(plan, request_id, arrays, wanted, result, batch_size)
+        model = plan.model
+        return InferResponse(model.name, model.version, request_id, {}, [
+            Tensor(spec.name, spec.datatype, list(array.shape), array) for spec, array in zip(wanted, outputs,
+                                                                                              strict=True)
+        ])
+
+    async def infer_on_loop(self, request: InferRequest) -> InferResponse | None:
+        """`Pipeline.infer` of the common request; None (nothing happened) for any other."""
+        start = time.perf_counter_ns()
+        plan = self.plan(request.model_name, request.model_version)
+        taken = self.take(plan, request) if plan is not None else None
+        if plan is None or taken is None:
+            return None
+        arrays, parameters, wanted, batch_size = taken
+        with self.inference(plan, request.id, request.trace, request.transport, start) as run:
+            result = await self.run_on_loop(run, plan, arrays, parameters, batch_size)
+            return self.response(plan, request.id, arrays, wanted, result, batch_size)
+
+    def infer_in_thread(self, request: InferRequest) -> InferResponse | None:
+        """`Pipeline.infer_in_thread` of the common request (a plain model that does not batch dynamically); None
+        (nothing happened) for any other."""
+        start = time.perf_counter_ns()
+        plan = self.plan(request.model_name, request.model_version)
+        taken = self.take(plan, request) if plan is not None and plan.plain and not plan.batching else None
+        if plan is None or taken is None:
+            return None
+        arrays, parameters, wanted, batch_size = taken
+        with self.inference(plan, request.id, request.trace, request.transport, start) as run:
+            result = self.run_in_thread(run, plan, arrays, parameters, batch_size, None)
+            return self.response(plan, request.id, arrays, wanted, result, batch_size)

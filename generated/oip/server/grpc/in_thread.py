@@ -37,7 +37,7 @@ import numpy as np
 from ... import codec
 from ...grpc import grpc_service_pb2 as pb
 from ...grpc.wire import ONE_BYTE_VARINTS, varint
-from ..core.lean import Lean, Plan
+from ..core.lean import Plan
 from ..core.pipeline import Pipeline
 from ..model import TensorSpec
 from ..observe.tracing import carrier
@@ -91,7 +91,7 @@ class UnaryInfer:
     def __init__(self, pipeline: Pipeline, settings: Settings, encode: Callable[[InferResponse], Any],
                  params: Callable[[Any], dict[str, Any]] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.lean = Lean(pipeline)
+        self.lean = pipeline.lean
         self.loop = loop  # where dynamic batches run (None: a model that batches so takes the general way)
         self.settings = settings
         self.encode = encode

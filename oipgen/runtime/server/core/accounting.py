@@ -26,14 +26,15 @@ class Inference:
     On the general ways the timer times the phases; before leaving, the request says its batch size
     (`run.batch_size`) and whether it ran the model by itself (`run.alone`: its run is reported with it; the
     batcher reports the runs of batches). The lean way (`lean`) gives `start` (its first moment on
-    `time.perf_counter_ns`'s clock) and notes the moments it reaches (`queued`, `started`, `ended`) instead, and
-    says its batch size and whether it ran alone too; its timer may be None (see `Observers.request_started`).
+    `time.perf_counter_ns`'s clock) and notes the moments it reaches (`queued`, `formed` for its dynamic batch,
+    `started`, `ended`) instead, and says its batch size and whether it ran alone too; its timer may be None (see
+    `Observers.request_started`).
 
     A plain class with slots and no generator: every request pays for it.
     """
 
-    __slots__ = ("_observers", "_repository", "alone", "batch_size", "ended", "model", "queued", "request_id",
-                 "start", "started", "timer")
+    __slots__ = ("_observers", "_repository", "alone", "batch_size", "ended", "formed", "model", "queued",
+                 "request_id", "start", "started", "timer")
 
     def __init__(self, repository: ModelRepository, observers: Observers, model: Model, timer: Timer | None,
                  request_id: str = "", start: int = 0) -> None:
@@ -48,11 +49,15 @@ class Inference:
         self.batch_size = 1
         self.alone = True
         self.start = start
-        self.queued = self.started = self.ended = 0
+        self.queued = self.formed = self.started = self.ended = 0
         observers.request_started(timer, model.name, model.version)
 
     def __enter__(self) -> Inference:
         return self
+
+    def model_started(self, moment: int) -> None:
+        """The lean way's model started at `moment` (told as it happens, by a worker thread, say)."""
+        self.started = moment
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         model, observers, timer = self.model, self._observers, self.timer
@@ -71,7 +76,7 @@ class Inference:
             record = InferenceRecord.from_marks(
                 model.name, model.version, self.request_id, None if exc is None else failure(exc), self.start,
                 self.queued, self.started, self.ended, time.perf_counter_ns(), timer,
-                1 if exc is not None else self.batch_size,
+                1 if exc is not None else self.batch_size, self.formed,
             )
             if exc is None and self.alone:
                 observers.request_ran_alone(record)

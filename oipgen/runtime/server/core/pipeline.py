@@ -46,6 +46,7 @@ from .accounting import Inference
 from .batching import Batcher, is_batching
 from .classification import CLASSIFICATION, check_classification, classify
 from .invoke import Slots, call_in_thread, is_plain, model_error, runs_alone
+from .lean import PARAMETERS, Lean
 from .repository import ModelRepository
 from .shared_memory import REGION, Placement, Region, SharedMemory, placement_of
 from .streaming import EMPTY_FINAL, FINAL, Answer, final_response, serve_stream
@@ -61,9 +62,8 @@ from .validation import (
 __all__ = ["PARAMETERS", "SHARED_MEMORY", "Pipeline", "PreparedRequest"]
 
 # The extensions inference itself checks (`extensions.EXTENSIONS`; classification: `classification`): request
-# parameters reach the model only with the parameters extension, tensors name shared memory regions only with
-# system shared memory.
-PARAMETERS: Final = "parameters"
+# parameters reach the model only with the parameters extension (`PARAMETERS`, from `lean`), tensors name shared
+# memory regions only with system shared memory.
 SHARED_MEMORY: Final = "system_shared_memory"
 
 
@@ -101,10 +101,16 @@ class Pipeline:
         self.batcher = Batcher(observers.execution_finished)
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
         self.model_slots = Slots(max(1, settings.model_threads))
+        self.lean = Lean(self)  # the common request, with only the work it needs
 
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """The response to one request: the common request the lean way (`lean`), any other through every
+        phase."""
+        response = await self.lean.infer_on_loop(request)
+        if response is not None:
+            return response
         timer = Timer(request.id, request.trace, request.transport)
         model = self.repository.get(request.model_name, request.model_version)
         if model.decoupled:
@@ -137,6 +143,9 @@ class Pipeline:
         """`infer`, in this thread and without the event loop, for a model that `runs_in_thread`: the same phases,
         checks, observers and errors. The model runs when one of `Settings.model_threads` slots is free (the
         wait is the queue), the slots the event loop's path uses too."""
+        response = self.lean.infer_in_thread(request)
+        if response is not None:
+            return response
         timer = Timer(request.id, request.trace, request.transport)
         model = self.repository.get(request.model_name, request.model_version)
         with Inference(self.repository, self.observers, model, timer) as run:

@@ -134,24 +134,28 @@ class InferenceRecord:
     @classmethod
     def from_marks(
         cls, model: str, version: str, request_id: str, error: OipError | None, start: int, queued: int,
-        started: int, ended: int, done: int, timer: Timer | None = None, batch_size: int = 1,
+        started: int, ended: int, done: int, timer: Timer | None = None, batch_size: int = 1, formed: int = 0,
     ) -> InferenceRecord:
         """The record of a request timed by moments on `time.perf_counter_ns`'s clock (the lean way): `start`, then
-        `queued` (waiting for a slot, or for its dynamic batch), `started` and `ended` (the model), `done`; a
-        moment the request never reached is 0 (a failure), and so is the phase it would have begun (no span), as
-        on the general way. `timer` (when there is one) gives the observers' state and the clock's offset."""
+        `queued` (waiting for a slot, or for its dynamic batch), `formed` (its batch, whose inputs are then merged,
+        in compute_input: 0 for a request that ran alone), `started` and `ended` (the model), `done`; a moment the
+        request never reached is 0 (a failure), and so is the phase it would have begun (no span), as on the
+        general way. `timer` (when there is one) gives the observers' state and the clock's offset."""
         marks: list[tuple[str, int, int]] = [(COMPUTE_INPUT, start, queued or done)]
         if queued:
-            marks.append((QUEUE, queued, started or done))
+            marks.append((QUEUE, queued, formed or started or done))
+        if formed:
+            marks.append((COMPUTE_INPUT, formed, started or done))
         if started:
             marks.append((COMPUTE_INFER, started, ended or done))
         if ended:
             marks.append((COMPUTE_OUTPUT, ended, done))
         queued, started, ended = queued or done, started or done, ended or done
+        waited = (formed or started) - queued
         offset = timer.start_unix - timer.start if timer is not None else time.time_ns() - time.perf_counter_ns()
         return cls(
-            model, version, request_id, batch_size, error, started - queued, queued - start, ended - started,
-            done - ended, done - start, start + offset, tuple(marks), offset, None,
+            model, version, request_id, batch_size, error, waited, queued - start + started - queued - waited,
+            ended - started, done - ended, done - start, start + offset, tuple(marks), offset, None,
             timer.state if timer is not None else None,
         )
 
