@@ -247,6 +247,7 @@ TAKEN = {
     "BYTES with parameters": lambda: _texts_with_parameters(),
     "rows of a model that batches": lambda: request("rows", {"INPUT0": np.tile(A, (3, 1)),
                                                              "INPUT1": np.tile(B, (3, 1))}),
+    "dynamic batching": lambda: request("batching", {"INPUT0": A, "INPUT1": B}),
 }
 
 
@@ -302,7 +303,6 @@ DECLINED = {
     "unknown output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="NO")]),
     "repeated output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0")] * 2),
     "async model": lambda: request("async_simple"),
-    "dynamic batching, no event loop given": lambda: request("batching", {"INPUT0": A, "INPUT1": B}),
     "rows over max_batch_size": lambda: request("rows", {"INPUT0": np.tile(A, (5, 1)), "INPUT1": np.tile(B, (5, 1))}),
     "rows that differ between inputs": lambda: request("rows", {"INPUT0": np.tile(A, (2, 1)),
                                                                 "INPUT1": np.tile(B, (3, 1))}),
@@ -573,46 +573,82 @@ def test_a_model_unloaded_meanwhile_is_still_held_while_it_answers() -> None:
     assert ("held", "1") not in dp.repository.inflight()
 
 
-def test_requests_under_dynamic_batching_join_the_event_loops_batches() -> None:
+def test_requests_under_dynamic_batching_are_batched_by_the_threads_waiting_for_them() -> None:
     """From eight gRPC threads at once, requests to a model under dynamic batching (4 rows at most, a window long
-    enough for them all) take the lean way: they join the batches the event loop forms, each gets its own rows
-    back, and the statistics count every request once and each batch as one execution of 4."""
-    calls: list[int] = []
+    enough for them all) take the lean way: the waiting threads form two batches of 4 and run the model once for
+    each, each request gets its own rows back, and the statistics count every request once and each batch as one
+    execution of 4; no event loop is involved."""
+    calls: list[tuple[int, str]] = []
 
     class Windowed(Batching):
         name = "windowed"
         dynamic_batching = DynamicBatching(max_queue_delay_microseconds=2_000_000)
 
         def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-            calls.append(len(inputs["INPUT0"]))
+            calls.append((len(inputs["INPUT0"]), threading.current_thread().name))
             return Simple.infer(self, inputs, parameters)
 
-    loop = asyncio.new_event_loop()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        dp = plane(Windowed())
-        lean = UnaryInfer(dp.pipeline, dp.settings, encode_infer_response, loop=loop)
-        replies: dict[int, Any] = {}
-        rows = {n: np.full((1, 16), n, dtype=np.int32) for n in range(8)}
+    dp = plane(Windowed())
+    lean = lean_way(dp)
+    replies: dict[int, Any] = {}
+    rows = {n: np.full((1, 16), n, dtype=np.int32) for n in range(8)}
 
-        def send(n: int) -> None:
-            replies[n] = lean(request("windowed", {"INPUT0": rows[n], "INPUT1": B}, id=f"r{n}"))
+    def send(n: int) -> None:
+        replies[n] = lean(request("windowed", {"INPUT0": rows[n], "INPUT1": B}, id=f"r{n}"))
 
-        threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    threads = [threading.Thread(target=send, args=(n,), name=f"sender-{n}") for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    assert sorted(size for size, _ in calls) == [4, 4]
+    assert all(name.startswith("sender-") for _, name in calls)  # run by a waiting thread
+    assert sorted(replies) == list(range(8))
+    for n, reply in replies.items():
+        answer = parsed(reply)
+        assert answer.id == f"r{n}"
+        assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.int32), (rows[n] + B).ravel())
+    counted = counts(dp, "windowed")
+    assert (counted["success"][0], counted["inference_count"], counted["execution_count"]) == (8, 8, 2)
+    assert counted["queue"][1] > 0  # they waited for their batch
+
+
+def test_a_batch_that_fails_fails_every_request_of_it_and_hands_the_lead_on() -> None:
+    """A model under dynamic batching that raises: every request of the batch gets the model's failure, counted once
+    each; the requests that come after are batched and answered as usual (the lead was handed on)."""
+    fail = threading.Event()
+    fail.set()
+
+    class Flaky(Batching):
+        name = "flaky"
+        dynamic_batching = DynamicBatching(max_queue_delay_microseconds=500_000)
+
+        def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+            if fail.is_set():
+                raise RuntimeError("broken batch")
+            return Simple.infer(self, inputs, parameters)
+
+    dp = plane(Flaky())
+    lean = lean_way(dp)
+    outcomes: list[Any] = []
+
+    def send() -> None:
+        try:
+            outcomes.append(lean(request("flaky", {"INPUT0": A, "INPUT1": B})))
+        except OipError as exc:
+            outcomes.append(exc)
+
+    for expect_failure in (True, False):
+        threads = [threading.Thread(target=send) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(TIMEOUT)
-        assert sorted(calls) == [4, 4]
-        for n, reply in replies.items():
-            answer = parsed(reply)
-            assert answer.id == f"r{n}"
-            assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.int32), (rows[n] + B).ravel())
-        counted = counts(dp, "windowed")
-        assert (counted["success"][0], counted["inference_count"], counted["execution_count"]) == (8, 8, 2)
-        assert counted["queue"][1] > 0  # they waited for their batch
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(TIMEOUT)
-        loop.close()
+        if expect_failure:
+            assert [type(o).__name__ for o in outcomes] == ["ModelFailure"] * 4
+            assert all(o.message == "broken batch" for o in outcomes)
+            fail.clear()
+            outcomes.clear()
+    assert len(outcomes) == 4 and all(isinstance(o, bytes) for o in outcomes)
+    counted = counts(dp, "flaky")
+    assert (counted["fail"][0], counted["success"][0], counted["execution_count"]) == (4, 4, 1)

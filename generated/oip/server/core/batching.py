@@ -12,14 +12,15 @@ order, one at a time per model version, as Triton's dynamic batcher does with on
 - requests batch together only when every input has the same dtype and the same shape after the batch dimension,
   and the request parameters are equal (the model gets one `parameters` mapping per call); a request that matches
   no other runs alone;
-- requests come from the event loop (`Batcher.infer`) or from other threads (`Batcher.infer_from_thread`, the
-  gRPC threads' lean way): they join the same batches, which run from the loop;
 - a batch closes as soon as it holds `max_batch_size` rows, or as soon as its first requests make up one of the
   `preferred_batch_size` (the largest such), or when its oldest request has waited `max_queue_delay_microseconds`;
   with a delay of 0, whatever accumulated while the previous batch ran goes at once, so batches form by
   themselves under load;
 - the inputs are concatenated on the first axis (numpy), the model runs once, and every output is split back on
-  the first axis by each request's row count (views, no copies). An output whose first dimension is not the
+  the first axis by each request's row count (views, no copies).
+- requests on the event loop batch there (`Batcher`); requests that wait in threads of their own (the gRPC
+  threads' lean way, for a plain `infer`) batch among themselves in those threads (`ThreadBatcher`), by the same
+  rules. An output whose first dimension is not the
   batch's row count fails every request of the batch (model failure), as does an exception in the model.
 
 Each request then goes on through the data plane like any other: its requested outputs, their order and their
@@ -33,6 +34,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
@@ -46,7 +48,7 @@ from ..errors import ModelFailure
 from ..model import Model
 from ..observe.events import ExecutionRecord
 
-__all__ = ["Batcher", "Report", "RunModel", "batch_key", "batch_rows", "is_batching"]
+__all__ = ["Batcher", "Report", "RunInThread", "RunModel", "ThreadBatcher", "batch_key", "batch_rows", "is_batching"]
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,10 @@ class _Entry:
     rows: int
     key: Hashable
     arrived: int
-    # Awaited on the loop, or waited for by a thread (`Batcher.infer_from_thread`)
+    # Awaited on the loop (`Batcher`), or waited for by a thread (`ThreadBatcher`)
     future: asyncio.Future[Share] | concurrent.futures.Future[Share]
+    wake: threading.Lock | None = None  # a waiting thread's: released with its share, or to lead
+    lead: bool = False  # the thread leads the next batch
 
 
 def _entry(inputs: Arrays, parameters: dict[str, Any], future: Any) -> _Entry:
@@ -143,16 +147,6 @@ class Batcher:
         self._enqueue(model, run, _entry(inputs, parameters, future))
         return await future
 
-    def infer_from_thread(
-        self, loop: asyncio.AbstractEventLoop, model: Model, inputs: Arrays, parameters: dict[str, Any],
-        run: RunModel,
-    ) -> tuple[BatchResult, int, int, int]:
-        """`infer` from a thread other than the event loop's (a gRPC thread): the request joins the same batches on
-        `loop`, and this thread waits for its share."""
-        future: concurrent.futures.Future[Share] = concurrent.futures.Future()
-        loop.call_soon_threadsafe(self._enqueue, model, run, _entry(inputs, parameters, future))
-        return future.result()
-
     def _enqueue(self, model: Model, run: RunModel, entry: _Entry) -> None:
         queue = self._queues.get(id(model))
         if queue is None or queue.model is not model:
@@ -175,34 +169,14 @@ class Batcher:
 
     async def _next_batch(self, queue: _Queue) -> list[_Entry]:
         """The next batch, once it is due; empty when nothing is pending."""
-        model = queue.model
-        settings = model.dynamic_batching
-        delay_ns = settings.max_queue_delay_microseconds * _NS_PER_US if settings is not None else 0
-        preferred = set(settings.preferred_batch_size) if settings is not None else set()
-        limit = model.max_batch_size
         while True:
             while queue.pending and queue.pending[0].future.done():  # cancelled while waiting
                 queue.pending.popleft()
             if not queue.pending:
                 return []
-            head = queue.pending[0]
-            batch: list[_Entry] = []
-            rows = 0
-            best = 0  # the longest prefix of `batch` whose rows are a preferred batch size
-            for entry in queue.pending:
-                if entry.key != head.key or entry.future.done():
-                    continue
-                if batch and rows + entry.rows > limit:
-                    break
-                batch.append(entry)
-                rows += entry.rows
-                if rows in preferred:
-                    best = len(batch)
             now = time.perf_counter_ns()
-            deadline = head.arrived + delay_ns
-            if rows < limit and now < deadline and head.rows and best:
-                batch = batch[:best]
-            if rows >= limit or best or now >= deadline or head.rows == 0:
+            batch, deadline = _form(queue.model, queue.pending, now)
+            if batch:
                 taken = {id(entry) for entry in batch}
                 queue.pending = deque(e for e in queue.pending if id(e) not in taken and not e.future.done())
                 return batch
@@ -214,13 +188,7 @@ class Batcher:
         model = queue.model
         start = time.perf_counter_ns()
         try:
-            if len(batch) == 1:
-                inputs = batch[0].inputs
-            else:
-                inputs = {
-                    name: np.concatenate([entry.inputs[name] for entry in batch], axis=0) for name in batch[0].inputs
-                }
-            rows = sum(entry.rows for entry in batch)
+            inputs, rows = _merge(batch)
             result, run_start, run_end = await queue.run(model, inputs, batch[0].parameters)
             shares = _split(model, result, [entry.rows for entry in batch], rows if len(batch) > 1 else None)
             done = time.perf_counter_ns()
@@ -239,6 +207,134 @@ class Batcher:
         for entry, share in zip(batch, shares, strict=True):
             if not entry.future.done():
                 entry.future.set_result((share, start, run_start, run_end))
+
+
+RunInThread = Callable[[Model, Arrays, dict[str, Any]], tuple[Any, int, int]]
+"""How `ThreadBatcher` calls a plain model in the calling thread: the result, and when the call started and ended."""
+
+
+class ThreadBatcher:
+    """The dynamic batching queues of plain models for requests that wait in threads of their own (the gRPC threads'
+    lean way), with `Batcher`'s rules, formed by the waiting threads themselves: the request at the head of a
+    model's queue leads, waits until its batch is due (`_form`), runs the model for the whole batch in its own
+    thread (`run`), hands every other request of the batch its share and the lead to the next request waiting, and
+    returns its own share. One batch of a model runs at a time, as on the loop; no thread waits on the event loop.
+    Requests of each way batch among themselves (the loop's `Batcher` and this one are two queues of a model)."""
+
+    def __init__(self, report: Report | None = None) -> None:
+        self._queues: dict[int, _ThreadQueue] = {}
+        self._lock = threading.Lock()
+        self._report = report
+
+    def infer(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread) -> Share:
+        """This request's share of a batched call and its moments, as `Batcher.infer` gives them."""
+        entry = _entry(inputs, parameters, concurrent.futures.Future())
+        entry.wake = threading.Lock()
+        entry.wake.acquire()
+        queue = self._queues.get(id(model))
+        if queue is None or queue.model is not model:
+            with self._lock:
+                queue = self._queues.get(id(model))
+                if queue is None or queue.model is not model:
+                    queue = self._queues[id(model)] = _ThreadQueue(model)
+        with queue.changed:
+            queue.pending.append(entry)
+            if queue.leading:
+                queue.changed.notify()  # the leader may be waiting for this one
+            else:
+                queue.leading = entry.lead = True
+        if not entry.lead:
+            entry.wake.acquire()  # woken with its share, or to lead
+        if entry.lead:
+            self._lead(queue, run)
+        return entry.future.result()
+
+    def _lead(self, queue: _ThreadQueue, run: RunInThread) -> None:
+        """Form the batch the head of the queue (this thread's request) leads, run it, hand the lead on."""
+        model = queue.model
+        with queue.changed:
+            while True:
+                now = time.perf_counter_ns()
+                batch, deadline = _form(model, queue.pending, now)
+                if batch:
+                    break
+                queue.changed.wait((deadline - now) / 1e9)
+            taken = {id(entry) for entry in batch}
+            queue.pending = deque(e for e in queue.pending if id(e) not in taken)
+        try:
+            start = time.perf_counter_ns()
+            inputs, rows = _merge(batch)
+            result, run_start, run_end = run(model, inputs, batch[0].parameters)
+            shares = _split(model, result, [entry.rows for entry in batch], rows if len(batch) > 1 else None)
+            if self._report is not None:
+                self._report(ExecutionRecord(model.name, model.version, rows, run_start - start, run_end - run_start,
+                                             time.perf_counter_ns() - run_end))
+            for entry, share in zip(batch, shares, strict=True):
+                entry.future.set_result((share, start, run_start, run_end))
+        except Exception as exc:
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(exc)
+        finally:
+            for entry in batch:
+                if not entry.future.done():  # not an Exception: still an answer for every request
+                    entry.future.set_exception(ModelFailure("the batch was not run"))
+                if not entry.lead and entry.wake is not None:
+                    entry.wake.release()
+            with queue.changed:
+                following = queue.pending[0] if queue.pending else None
+                if following is None:
+                    queue.leading = False
+                else:
+                    following.lead = True
+            if following is not None and following.wake is not None:
+                following.wake.release()
+
+
+class _ThreadQueue:
+    """The pending requests of one model version for `ThreadBatcher`; `changed` is notified on each arrival."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.changed = threading.Condition(threading.Lock())
+        self.pending: deque[_Entry] = deque()
+        self.leading = False  # a request leads the next batch (one always does while any is pending)
+
+
+def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry], int]:
+    """The batch the head of `pending` forms at `now` (see the module's description) and 0, once it is due; before
+    that, no batch and the moment it will be due at the latest (`pending` holds only requests still waiting)."""
+    settings = model.dynamic_batching
+    delay_ns = settings.max_queue_delay_microseconds * _NS_PER_US if settings is not None else 0
+    preferred = settings.preferred_batch_size if settings is not None else ()
+    limit = model.max_batch_size
+    head = pending[0]
+    batch: list[_Entry] = []
+    rows = 0
+    best = 0  # the longest prefix of `batch` whose rows are a preferred batch size
+    for entry in pending:
+        if entry.key != head.key or entry.future.done():
+            continue
+        if batch and rows + entry.rows > limit:
+            break
+        batch.append(entry)
+        rows += entry.rows
+        if rows in preferred:
+            best = len(batch)
+    deadline = head.arrived + delay_ns
+    if rows < limit and now < deadline and head.rows and best:
+        batch = batch[:best]
+    if rows >= limit or best or now >= deadline or head.rows == 0:
+        return batch, 0
+    return [], deadline
+
+
+def _merge(batch: list[_Entry]) -> tuple[Arrays, int]:
+    """The inputs of a batch's requests concatenated on the first axis, and its rows."""
+    rows = sum(entry.rows for entry in batch)
+    if len(batch) == 1:
+        return batch[0].inputs, rows
+    return {name: np.concatenate([entry.inputs[name] for entry in batch], axis=0) for name in batch[0].inputs}, rows
 
 
 def _split(model: Model, result: Any, sizes: list[int], rows: int | None) -> list[BatchResult]:

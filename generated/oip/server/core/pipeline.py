@@ -47,7 +47,7 @@ from ..observe.events import COMPUTE_INFER, COMPUTE_INPUT, COMPUTE_OUTPUT, QUEUE
 from ..settings import Settings
 from ..types import InferRequest, InferResponse, Tensor
 from .accounting import Inference
-from .batching import Batcher, is_batching
+from .batching import Batcher, ThreadBatcher, is_batching
 from .classification import CLASSIFICATION, check_classification, classify
 from .invoke import Slots, call_in_thread, is_plain, model_error, runs_alone
 from .lean import PARAMETERS, Lean
@@ -103,6 +103,7 @@ class Pipeline:
         self.enabled = enabled
         self.observers = observers
         self.batcher = Batcher(observers.execution_finished)
+        self.thread_batcher = ThreadBatcher(observers.execution_finished)  # the gRPC threads' lean way's batches
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
         self.model_slots = Slots(max(1, settings.model_threads))
         self.lean = Lean(self)  # the common request, with only the work it needs

@@ -15,7 +15,7 @@ and errors, doing only what that request needs). Here that is:
   general way's to refuse); no input or output parameters (shared memory, classification); request parameters
   as the general way reads them (`Lean.parameters`);
 - the model: ready, not decoupled, its `infer` a plain method; a model under dynamic batching runs in a batch
-  formed in the gRPC threads (`batching.ThreadBatcher`).
+  formed by the gRPC threads waiting for it (`batching.ThreadBatcher`), never waiting on the event loop.
 
 Any other request takes the general way (`__call__` returns None before anything happened), which answers it or
 refuses it with the usual error. Raw inputs are numpy views of the received bytes (read-only, as on the general
@@ -26,7 +26,6 @@ through the pipeline's `finish` and the transport's encoder, which check and ref
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -89,10 +88,8 @@ class UnaryInfer:
     `params` reads a protobuf parameters map as the general way's decoder does."""
 
     def __init__(self, pipeline: Pipeline, settings: Settings, encode: Callable[[InferResponse], Any],
-                 params: Callable[[Any], dict[str, Any]] | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 params: Callable[[Any], dict[str, Any]] | None = None) -> None:
         self.lean = pipeline.lean
-        self.loop = loop  # where dynamic batches run (None: a model that batches so takes the general way)
         self.settings = settings
         self.encode = encode
         self.params = params if params is not None else _params
@@ -106,7 +103,7 @@ class UnaryInfer:
         start = time.perf_counter_ns()
         lean = self.lean
         plan = lean.plan(message.model_name, message.model_version)
-        if plan is None or not plan.plain or (plan.batching and self.loop is None):
+        if plan is None or not plan.plain:
             return None
         parameters = lean.parameters(self.params(message.parameters)) if message.parameters else {}
         if parameters is None:
@@ -122,7 +119,7 @@ class UnaryInfer:
             return None
         request_id = message.id
         with lean.inference(plan, request_id, trace, "grpc", start) as run:
-            result = lean.run_in_thread(run, plan, arrays, parameters, batch_size, self.loop)
+            result = lean.run_in_thread(run, plan, arrays, parameters, batch_size)
             return self._reply(plan, request_id, arrays, wanted, result, batch_size)
 
     @staticmethod
@@ -213,16 +210,15 @@ def _params(entries: Any) -> dict[str, Any]:
 
 
 def in_thread(
-    pipeline: Pipeline, settings: Settings, infer: InferCodec[Any], rpc: str, observe: Observe | None, tracing: bool,
-    loop: asyncio.AbstractEventLoop | None = None,
+    pipeline: Pipeline, settings: Settings, infer: InferCodec[Any], rpc: str, observe: Observe | None, tracing: bool
 ) -> Callable[[Any, grpc.ServicerContext], Any]:
     """Unary inference wholly in the gRPC thread, for a model that allows it (`Pipeline.runs_in_thread`): the same
     decoding, pipeline, encoding and errors as the servicer's way (`ServicerBase.infer_call`); NOT_HERE for any
     other request. The common request takes the lean way (`UnaryInfer`: the same checks, counts and errors, less
-    work; a model under dynamic batching in a batch on `loop`, when given). `observe` counts and logs each answer;
-    with `tracing`, the caller's trace context goes with the request."""
+    work). `observe` counts and logs each answer; with `tracing`, the caller's trace context goes with the
+    request."""
     decode_request, encode_wire = infer.decode_request, infer.encode_wire
-    lean = UnaryInfer(pipeline, settings, encode_wire, infer.params_from_proto, loop)
+    lean = UnaryInfer(pipeline, settings, encode_wire, infer.params_from_proto)
     request_type = infer.request
 
     def infer_in_thread(request: Any, context: grpc.ServicerContext) -> Any:

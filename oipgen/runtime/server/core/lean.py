@@ -24,7 +24,6 @@ pipeline's `finish` (`Lean.finish`) and the transport's general encoder, which c
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -206,20 +205,18 @@ class Lean:
         return Inference(pipeline.repository, observers, plan.model, timer, request_id, start)
 
     def run_in_thread(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
-                      batch_size: int, loop: asyncio.AbstractEventLoop | None) -> Any:
-        """Run a plain `infer` from this thread (not the event loop's): in one of the model slots here, or under
-        dynamic batching in a batch on `loop` (`Batcher.infer_from_thread`); what it returned for this request."""
-        pipeline = self.pipeline
+                      batch_size: int) -> Any:
+        """Run a plain `infer` in this thread (not the event loop's), in one of the model slots: alone, or under
+        dynamic batching in a batch formed by the threads waiting for it (`batching.ThreadBatcher`); what it
+        returned for this request."""
         run.queued = time.perf_counter_ns()
         run.batch_size = batch_size
         if plan.batching:
-            if loop is None:
-                raise ValueError("a request under dynamic batching runs in a batch on the event loop: no loop given")
-            result, run.formed, run.started, run.ended = pipeline.batcher.infer_from_thread(
-                loop, plan.model, arrays, parameters, pipeline.run)
+            share, run.formed, run.started, run.ended = self.pipeline.thread_batcher.infer(
+                plan.model, arrays, parameters, self._call)
             run.alone = False
-            return result
-        slots = pipeline.model_slots
+            return _result(share)
+        slots = self.pipeline.model_slots
         slots.take()
         try:
             run.started = time.perf_counter_ns()
@@ -229,6 +226,16 @@ class Lean:
             slots.give(None)
         return result
 
+    def _call(self, model: Model, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
+        """A batch's model call in this thread, in one of the model slots: the result, when it started and ended."""
+        slots = self.pipeline.model_slots
+        slots.take()
+        try:
+            started = time.perf_counter_ns()
+            return call_in_thread(model, inputs, parameters), started, time.perf_counter_ns()
+        finally:
+            slots.give(None)
+
     async def run_on_loop(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
                           batch_size: int) -> Any:
         """Run the model from the event loop as the general way does (`Pipeline.schedule`): in a dynamic batch, or
@@ -237,9 +244,10 @@ class Lean:
         pipeline = self.pipeline
         run.queued = time.perf_counter_ns()
         if plan.batching:
-            result, run.formed, run.started, run.ended = await pipeline.batcher.infer(plan.model, arrays, parameters,
-                                                                                      pipeline.run)
+            share, run.formed, run.started, run.ended = await pipeline.batcher.infer(plan.model, arrays, parameters,
+                                                                                     pipeline.run)
             run.batch_size, run.alone = batch_size, False
+            result = _result(share)
         else:
             result, run.started, run.ended = await pipeline.run(plan.model, arrays, parameters, run.model_started)
             run.batch_size = batch_size
@@ -325,5 +333,11 @@ class Lean:
             return None
         arrays, parameters, wanted, batch_size = taken
         with self.inference(plan, request.id, request.trace, request.transport, start) as run:
-            result = self.run_in_thread(run, plan, arrays, parameters, batch_size, None)
+            result = self.run_in_thread(run, plan, arrays, parameters, batch_size)
             return self.response(plan, request.id, arrays, wanted, result, batch_size)
+
+
+def _result(share: tuple[dict[str, Any], dict[str, Any]]) -> Any:
+    """A request's share of a batch as a model's result: its outputs, with the response parameters if any."""
+    outputs, parameters = share
+    return (outputs, parameters) if parameters else outputs

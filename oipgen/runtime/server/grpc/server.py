@@ -6,8 +6,8 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
 
 - in the thread: unary ModelInfer on a model that allows it (`Pipeline.runs_in_thread`: a plain `infer`, no
   dynamic batching, not decoupled) is decoded, run through the data plane's pipeline and encoded in the gRPC
-  thread, never touching the event loop (`in_thread`); the common request to a plain model under dynamic batching
-  too, but for its batch, which it joins on the loop (the lean way, `core.lean`);
+  thread, never touching the event loop (`in_thread`); so is the common request to a plain model under dynamic
+  batching, whose batch the waiting gRPC threads form (the lean way, `core.lean`);
 - on the loop: every other call runs the servicer's coroutine (`service.Servicer`: the same code, the same
   errors) on the event loop, and the thread waits for it. Request streams are read by a thread of their own and
   handed to the coroutine; its responses come back to the gRPC thread through a bounded queue (a slow reader
@@ -239,9 +239,8 @@ def create_server(
     limit = settings.max_request_bytes
     observe = observer(servicer.service, metrics, settings.access_log)
     handlers = method_handlers(servicer, observe)
-    loop = loop or asyncio.get_running_loop()
     fast = {} if pipeline is None else {
-        rpc.name: in_thread(pipeline, settings, servicer.infer, rpc.name, observe, servicer.tracing, loop)
+        rpc.name: in_thread(pipeline, settings, servicer.infer, rpc.name, observe, servicer.tracing)
         for rpc in servicer.rpcs if rpc.fast
     }
     options = [
@@ -249,4 +248,5 @@ def create_server(
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
     ]
-    return threaded_server(servicer.service, handlers, fast, loop, settings.grpc_threads, options)
+    return threaded_server(servicer.service, handlers, fast, loop or asyncio.get_running_loop(),
+                           settings.grpc_threads, options)
