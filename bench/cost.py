@@ -5,7 +5,7 @@ A workload of bench/loadgen.py (its very request: body and headers, or gRPC mess
 the server, built as `serve` builds it over bench/servers/oipgen_repo (`Assembly`): a REST request through the
 ASGI app, a unary gRPC request through the gRPC thread's handler (`in_thread`; where that hands the call to the
 event loop, the servicer's coroutine, as the server does; the dynamically batched model's from threads, as gRPC's
-threads call it), a stream through the servicer's stream method. Every
+threads call it, so that they batch), a stream through the servicer's stream method. Every
 answer is checked as the load generator checks it. Per workload: CPU per request (the whole process), Python calls
 per request (counted by a profile hook), and with `--profile` cProfile's functions with the most own time.
 Requests run one at a time, except the dynamically batched model's: `--batch N` at once (default 8), so that
@@ -116,13 +116,14 @@ def _grpc(handler: Any, servicer: Any, name: str) -> Callable[[], Awaitable[None
             async def requests() -> Any:
                 yield parse(wire)
 
-            replies = [reply.SerializeToString() async for reply in servicer.ModelStreamInfer(requests(), context)]
+            replies = [reply if isinstance(reply, bytes) else reply.SerializeToString()
+                       async for reply in servicer.ModelStreamInfer(requests(), context)]
             if check:
                 loadgen._stream_check(replies, pb)
 
         return stream
 
-    threaded = name.startswith("batched")  # joins the loop's batches from gRPC threads: called from threads here
+    threaded = name.startswith("batched")  # batched by the threads waiting for it: called from threads here
     pool = concurrent.futures.ThreadPoolExecutor(16) if threaded else None
 
     async def one(check: bool = False) -> None:
@@ -152,8 +153,7 @@ def measure(workloads: list[str], requests: int, batch: int, profile: bool, top:
         assembly = Assembly.build(repository, settings)
         app = assembly.rest_app()
         servicer = assembly.servicer()
-        handler = in_thread(assembly.dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, False,
-                            asyncio.get_running_loop())
+        handler = in_thread(assembly.dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, False)
         for name in workloads:
             one = _grpc(handler, servicer, name) if "grpc" in name else _rest(app, name)
             at_once = batch if name.startswith("batched") else 1

@@ -26,6 +26,7 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from ... import codec
+from ...grpc import wire
 from ..core.dataplane_base import DataPlaneBase
 from ..core.streaming import StreamError
 from ..errors import ErrorKind, InvalidRequest, ModelFailure, OipError, failure
@@ -169,14 +170,17 @@ class ServicerBase:
                 decoded.transport, decoded.trace = "grpc", trace
             yield decoded
 
-    def _wrapped(self, rpc: Rpc, reply: InferResponse | Exception) -> Message:
+    def _wrapped(self, rpc: Rpc, reply: InferResponse | Exception) -> Message | bytes:
+        """A stream's response message, serialized for a response (the inference response's bytes framed as the
+        wrapper's field: no copy of the message into the wrapper), or with the error of a failed request."""
         infer_field, error_field = cast(str, rpc.stream_response_field), cast(str, rpc.stream_error_field)
-        wrapped = rpc.response()
         if not isinstance(reply, Exception):
             try:
-                getattr(wrapped, infer_field).CopyFrom(self.infer.encode_response(reply))
+                inner = self.infer.encode_response(reply).SerializeToString()
+                return _field_tag(rpc.response, infer_field) + wire.varint(len(inner)) + inner
             except Exception as exc:
                 reply = exc
+        wrapped = rpc.response()
         if isinstance(reply, Exception):  # the request failed; the stream goes on
             setattr(wrapped, error_field, failure(reply, "answering a gRPC stream").message)
             if isinstance(reply, StreamError):  # which request failed: id, model, final flag
@@ -197,8 +201,9 @@ def method_handlers(
         if rpc.fast:
             deserializer: Callable[[bytes], Any] = servicer.infer.parser(rpc.request)
             serializer: Callable[[Any], bytes] = serialize_reply
-        else:
-            deserializer, serializer = message_parser(rpc.request), rpc.response.SerializeToString
+        else:  # a streaming inference's responses may come serialized (`ServicerBase._wrapped`)
+            deserializer = message_parser(rpc.request)
+            serializer = serialize_reply if rpc.inference else rpc.response.SerializeToString
         make = getattr(grpc, f"{rpc.kind}_rpc_method_handler")
         handlers[rpc.name] = make(behavior, request_deserializer=deserializer, response_serializer=serializer)
     return handlers
@@ -272,6 +277,17 @@ def _observed_stream(method: Callable[[Any, Context], AsyncIterator[Any]], rpc: 
             observe(rpc, _code(context, raised), start, None, sent)
 
     return observed
+
+
+_TAGS: dict[tuple[type[Message], str], bytes] = {}
+
+
+def _field_tag(message: type[Message], field: str) -> bytes:
+    """The key of a length-delimited field of `message`, serialized."""
+    tag = _TAGS.get((message, field))
+    if tag is None:
+        tag = _TAGS[message, field] = wire.varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+    return tag
 
 
 def metadata(context: Context) -> dict[str, str]:

@@ -119,34 +119,86 @@ class _Bridge:
 
     def responses(self, replies: Callable[[], AsyncIterator[Any]], context: grpc.ServicerContext,
                   loop_context: _LoopContext) -> Iterator[Any]:
-        """A coroutine's responses, for the gRPC thread to send, at most _WINDOW ahead of the client."""
-        out: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-        credit = asyncio.Semaphore(_WINDOW)  # released by the gRPC thread as it sends
+        """A coroutine's responses, for the gRPC thread to send, at most _WINDOW ahead of the client (`_Pipe`)."""
+        pipe = _Pipe(self.loop)
 
         async def pump() -> None:
             try:
                 async for reply in replies():
-                    await credit.acquire()
-                    out.put((True, reply))
+                    await pipe.put(reply)
             except BaseException as exc:
-                out.put((False, exc))
+                pipe.finish(exc)
                 if not isinstance(exc, Exception):
                     raise
             else:
-                out.put((False, _END))
+                pipe.finish(_END)
 
         future = asyncio.run_coroutine_threadsafe(pump(), self.loop)
         context.add_callback(lambda: _cancel(future))
         while True:
-            ok, item = out.get()
-            if ok:
-                self.loop.call_soon_threadsafe(credit.release)
-                yield item
-                continue
-            if item is _END:
+            items, end = pipe.take()
+            yield from items
+            if end is _END:
                 return
-            _finish(context, loop_context, item)
-            return
+            if end is not None:
+                _finish(context, loop_context, end)
+                return
+
+
+class _Pipe:
+    """Responses from the event loop to a gRPC thread, in order, at most _WINDOW waiting (a slow reader holds the
+    stream, not the server's memory). The thread takes every response waiting at once and is woken only when it
+    waits for one; the loop is woken only when it waits for room. A burst of responses (a decoupled model's) so
+    costs the threads a handful of wake-ups, not one or two per response."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: list[Any] = []
+        self.end: Any = None  # _END, or the exception the responses ended with
+        self.lock = threading.Lock()
+        self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token: the thread may have something to take
+        self.waiting = False  # the thread waits for a token
+        self.room: asyncio.Future[None] | None = None  # the loop waits for room
+
+    async def put(self, item: Any) -> None:
+        with self.lock:
+            self.items.append(item)
+            wake, self.waiting = self.waiting, False
+            full = len(self.items) >= _WINDOW
+            if full:
+                self.room = self.loop.create_future()
+            room = self.room
+        if wake:
+            self.wake.put(None)
+        if full and room is not None:
+            await room
+
+    def finish(self, end: Any) -> None:
+        with self.lock:
+            self.end = end
+            wake, self.waiting = self.waiting, False
+        if wake:
+            self.wake.put(None)
+
+    def take(self) -> tuple[list[Any], Any]:
+        """Every response waiting (waiting for one first), and how they ended if they did (None: not yet)."""
+        while True:
+            with self.lock:
+                items, self.items = self.items, []
+                end, room = self.end, self.room
+                self.room = None
+                if not items and end is None:
+                    self.waiting = True
+            if room is not None:
+                self.loop.call_soon_threadsafe(_resolve, room)
+            if items or end is not None:
+                return items, end
+            self.wake.get()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _unary_unary(bridge: _Bridge, behavior: Any, fast: Callable[[Any, Any], Any] | None) -> Callable[..., Any]:
