@@ -176,7 +176,7 @@ class ServicerBase:
         infer_field, error_field = cast(str, rpc.stream_response_field), cast(str, rpc.stream_error_field)
         if not isinstance(reply, Exception):
             try:
-                inner = self.infer.encode_response(reply).SerializeToString()
+                inner: bytes = self.infer.encode_response(reply).SerializeToString()
                 return _field_tag(rpc.response, infer_field) + wire.varint(len(inner)) + inner
             except Exception as exc:
                 reply = exc
