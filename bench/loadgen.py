@@ -65,7 +65,7 @@ TEXT = np.array([f"text {i}: the quick brown fox jumps over the lazy dog, again 
                  for i in range(8)], dtype=object)
 DECOUPLED_RESPONSES = 100
 DECOUPLED_IN = 7
-PROMPT = "the quick brown fox jumps over the lazy dog and then the dog sleeps in the sun"  # 16 words
+PROMPT = "the quick brown fox jumps over the lazy dog and the dog sleeps in the sun"  # 16 words
 # Request parameters as a client application sets them (tritonclient: `parameters=`; perf_analyzer:
 # --request-parameter name:value:type).
 PARAMETERS = {"request_tag": "bench", "max_tokens": 16, "stream": False}
@@ -555,19 +555,23 @@ def grpc_workload(name: str, target: str, elements: int, timeout: float, shared:
     async def send(call: Any) -> int:
         return sum(len(raw) for raw in await exchange(call))
 
-    async def first(call: Any) -> int:
+    async def checked(call: Any) -> list[bytes]:
+        """One request's answers, every value checked."""
         replies = await exchange(call)
         if streaming:
             _stream_check(replies, pb)
-            return sum(len(raw) for raw in replies)
+            return replies
         reply = pb.ModelInferResponse.FromString(replies[0])
         if list(reply.raw_output_contents) != expected:
             contents = [len(c) for c in reply.raw_output_contents]
             raise LoadError(f"wrong gRPC outputs (raw entries of {contents} bytes, {len(reply.outputs)} outputs)")
-        return len(replies[0])
+        return replies
+
+    async def first(call: Any) -> int:
+        return sum(len(raw) for raw in await checked(call))
 
     async def record(call: Any) -> dict[str, Any]:
-        replies = await exchange(call)
+        replies = await checked(call)
         return {"transport": "grpc", "path": path, "stream": streaming, "chunks": [_b64(r) for r in replies]}
 
     return Workload(name, payload, send, open_, close, first, record, DECOUPLED_RESPONSES + 1 if streaming else 1)
@@ -768,7 +772,12 @@ def main(argv: list[str] | None = None) -> int:
         if host.split(":")[0] not in ("127.0.0.1", "localhost", "[::1]") and not host.startswith("127."):
             p.error(f"{host}: the benchmark only targets loopback addresses")
     if args.record is not None:
-        args.record.write_text(json.dumps(record(args.workload, args.rest, args.grpc, args.elements, args.timeout)))
+        try:
+            answer = record(args.workload, args.rest, args.grpc, args.elements, args.timeout)
+        except Exception as exc:  # a wrong answer or none: said in one line, nothing written
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        args.record.write_text(json.dumps(answer))
         return 0
     result = run(
         args.workload,

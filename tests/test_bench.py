@@ -1,10 +1,14 @@
 """The benchmark harness (bench/) in quick mode, so that it cannot rot.
 
 What runs: the load generator on every workload against our server (responses checked, server CPU and memory read,
-its count checked against the server's statistics), `bench/run.py --quick` end to end with its report and chart,
-`bench/scale.py`'s checks, the report's ratios against Triton, targets and client-bound marks on made-up figures,
-and Triton itself as `make bench` starts it (bench/setup.sh's Triton step alone: about 1 min and 370 MB the first
-time, cached in bench/.cache; then about 20 s). MLServer and KServe are left to `make bench`.
+its count checked against the server's statistics), the floors (each kind of answer recorded from our server and
+replayed by the bare transport, which the load generator checks as it checks a server), perf_analyzer on the
+workloads it sends (its own counts against the server's), the requests the load generator writes as tritonclient
+and KServe's client write them, `bench/run.py --quick` end to end with its report and chart on a few scenarios (one
+of each kind: REST, gRPC, a stream, server-sent events), `bench/scale.py`'s checks, the report's ratios against
+Triton, targets and client-bound marks on made-up figures, and Triton itself as `make bench` starts it, on every
+workload (bench/setup.sh's Triton step alone: about 1 min and 370 MB the first time, cached in bench/.cache; then
+about 30 s). MLServer and KServe are left to `make bench`.
 """
 
 from __future__ import annotations
@@ -92,7 +96,102 @@ def test_loadgen_reports_a_wrong_server(ours: servers.Running) -> None:
     assert "error" in result and "requests" not in result
 
 
+@pytest.mark.parametrize("workload", ["simple_rest", "generate_stream", "text_grpc", "decoupled_grpc"])
+def test_a_floor_replays_our_answer_as_it_was_sent(ours: servers.Running, workload: str, tmp_path: Path) -> None:
+    """Each kind of answer (REST, server-sent events, gRPC unary, a gRPC stream), recorded from our server and served
+    by the bare transport: the load generator checks the floor's answers as it checks a server's (values, event by
+    event, message by message), and reads the floor's CPU."""
+    answer = tmp_path / "answer.json"
+    servers.record_answer(ours, workload, 1000, answer)
+    recorded = json.loads(answer.read_text())
+    assert recorded["transport"] == ("grpc" if "grpc" in workload else "rest")
+    assert len(recorded["chunks"]) == {"generate_stream": 16, "decoupled_grpc": 101}.get(workload, 1)
+    floor = servers.start_floor(answer, tmp_path)
+    try:
+        assert floor.process.poll() is None
+        result = loadgen.run(workload, floor.rest, floor.grpc, concurrency=2, duration=0.3, warmup=0.1,
+                             server_pid=floor.pid, timeout=10)
+    finally:
+        servers.stop(floor)
+    assert "error" not in result and result["requests"] > 0 and result["errors"] == 0, result
+    assert result["server_cpu_us_per_infer"] is not None and result["server_cpu_us_per_infer"] > 0, result
+
+
+def test_a_wrong_answer_is_not_recorded(ours: servers.Running, tmp_path: Path) -> None:
+    """Recording checks the answer: a server that answers another model's answer (a floor replaying `simple`'s, asked
+    for `text`) gives no floor to replay, nor one that does not answer at all."""
+    simple = tmp_path / "simple.json"
+    servers.record_answer(ours, "simple_grpc", 1000, simple)
+    floor = servers.start_floor(simple, tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match="recording text_grpc's answer failed.*wrong gRPC outputs"):
+            servers.record_answer(floor, "text_grpc", 1000, tmp_path / "text.json", timeout=5)
+    finally:
+        servers.stop(floor)
+    closed = servers.Running(ours.name, ours.process, ours.http_port, servers.free_port(), ours.log)
+    with pytest.raises(RuntimeError, match="recording"):
+        servers.record_answer(closed, "simple_grpc", 1000, tmp_path / "none.json", timeout=5)
+    assert not (tmp_path / "text.json").exists() and not (tmp_path / "none.json").exists()
+
+
+def test_requests_are_written_as_the_clients_write_them() -> None:
+    """The typed-contents form of `simple` is byte for byte what KServe's client writes for inputs given as lists
+    (`InferRequest.to_grpc`, from KServe's own package when bench/setup.sh has installed it); the parameters forms
+    carry the parameters as tritonclient writes them (its own request builders)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    message, _, _ = loadgen.grpc_request("simple_contents_grpc", 16)
+    assert not message.raw_input_contents and [i.contents.int_contents[:3] for i in message.inputs] == [
+        [0, 1, 2], [1, 1, 1]]
+    kserve = BENCH / ".cache" / "venv-kserve" / "bin" / "python"
+    if kserve.exists():
+        code = (
+            "import sys; from kserve import InferInput, InferRequest\n"
+            "inputs = [InferInput('INPUT0', [1, 16], 'INT32', list(range(16))),\n"
+            "          InferInput('INPUT1', [1, 16], 'INT32', [1] * 16)]\n"
+            "sys.stdout.buffer.write(InferRequest('simple', inputs).to_grpc().SerializeToString())"
+        )
+        done = subprocess.run([str(kserve), "-c", code], capture_output=True, timeout=120, check=True)
+        assert pb.ModelInferRequest.FromString(done.stdout) == message
+    params, _, _ = loadgen.grpc_request("simple_params_grpc", 16)
+    assert {k: v.WhichOneof("parameter_choice") for k, v in params.parameters.items()} == {
+        "request_tag": "string_param", "max_tokens": "int64_param", "stream": "bool_param"}
+    rest = loadgen.rest_request("simple_params_rest", 16)
+    length = int(rest.headers["Inference-Header-Content-Length"])
+    header = json.loads(rest.body[:length])
+    assert header["parameters"] == {"binary_data_output": True, **loadgen.PARAMETERS}
+    assert len(rest.body) == length + 2 * 64  # both inputs binary, as tritonclient sends them by default
+
+
+@pytest.mark.parametrize("workload", ["text_rest_binary", "text_grpc", "batched_rest", "batched_grpc",
+                                      "decoupled_grpc", "simple_params_grpc"])
+def test_perf_analyzer_sends_the_new_workloads(ours: servers.Running, workload: str) -> None:
+    """perf_analyzer (from bench/setup.sh's perf_analyzer step) completes a run of each workload it can send
+    against our server, and the server counted the inferences it reports."""
+    import pa
+
+    cache = BENCH / ".cache"
+    if pa.command(cache) is None:
+        done = subprocess.run(["bash", str(BENCH / "setup.sh"), str(cache)],
+                              env={**os.environ, "BENCH_SETUP_ONLY": "perf_analyzer"},
+                              capture_output=True, text=True, timeout=1200, check=False)
+        assert done.returncode == 0, f"bench/setup.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    before = servers.inference_count(ours)
+    result = pa.run(cache, workload, ours.rest, ours.grpc, 2, window_ms=300, trials=6, timeout=300)
+    after = servers.inference_count(ours)
+    assert "error" not in result and result["infer_per_s"] > 0, result
+    assert before is not None and after is not None and after - before > result["infer_per_s"] * 0.3 * 0.5
+    if workload == "decoupled_grpc":  # requests and their 100 responses each
+        assert result["responses_per_s"] == pytest.approx(100 * result["infer_per_s"], rel=0.05), result
+
+
+QUICK_SCENARIOS = ("simple_grpc_c1", "identity_rest_binary", "text_rest_json_c1", "decoupled_grpc_c8",
+                   "generate_stream_c8")
+
+
 def test_run_quick_writes_the_report(tmp_path: Path) -> None:
+    """`bench/run.py --quick` on one scenario of each kind (gRPC unary, a large tensor, REST JSON, a gRPC stream,
+    server-sent events), floors included: every measurement and every floor answered, the report written."""
     out = tmp_path / "results"
     done = subprocess.run(
         [
@@ -101,6 +200,8 @@ def test_run_quick_writes_the_report(tmp_path: Path) -> None:
             "--quick",
             "--servers",
             "oipgen",
+            "--scenarios",
+            ",".join(QUICK_SCENARIOS),
             "--no-setup",
             "--no-pa",
             "--duration",
@@ -119,19 +220,29 @@ def test_run_quick_writes_the_report(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads((out / "results.json").read_text())
-    scenarios = {r["scenario"] for r in document["records"] if "error" not in r}
-    assert scenarios == {"startup", *(s.name for s in __import__("run").SCENARIOS)}, document["records"]
+    ours = {r["scenario"] for r in document["records"] if "error" not in r and r["server"] == "oipgen"}
+    assert ours == {"startup", *QUICK_SCENARIOS}, document["records"]
+    floors = {r["scenario"]: r for r in document["records"] if r["server"] == "floor"}
+    small = {name for name in QUICK_SCENARIOS if __import__("scenarios").BY_NAME[name].floor}
+    assert set(floors) == small and "identity_rest_binary" not in small
+    for record in floors.values():  # the bare transport answered the recorded answers, checked as a server's are
+        assert "error" not in record and record["requests"] > 0 and record["errors"] == 0, record
+        assert record["server_cpu_us_per_infer"] > 0 and "server_count" not in record, record
     assert document["floor"]["floor_ms"] > 0
     meta = document["meta"]
     assert len(meta["git"]["sha"]) == 40 and meta["versions"]["oipgen"]["oipgen"] and meta["versions"]["loadgen"]
-    measured = [r for r in document["records"] if r["tool"] == "loadgen"]
+    measured = [r for r in document["records"] if r["tool"] == "loadgen" and r["server"] == "oipgen"]
     for record in measured:  # the server's own count, its log and the load average go with every measurement
         assert record["server_count"] == record["completed"] > 0, record
         assert record["log_bytes_per_request"] == 0 and len(record["load_average"]) == 3, record
+    stream = next(r for r in measured if r["scenario"] == "decoupled_grpc_c8")
+    assert stream["responses_per_request"] == 101 and stream["responses_per_s"] > 100 * stream["infer_per_s"]
     startup = next(r for r in document["records"] if r["scenario"] == "startup")
     assert startup["idle_pss_mib"] > 10 and startup["server_metadata"]["version"], startup
     text = (out / "results.md").read_text()
-    assert "| simple gRPC c=8 |" in text and "## Targets" in text and "fails" not in text, text
+    assert "| simple gRPC c=1 |" in text and "## Targets" in text and "fails" not in text, text
+    assert "| decoupled x100 gRPC stream c=8 | loadgen |" in text, text  # no Triton: ranked by loadgen
+    assert "server CPU per request <= 1.3x the bare transport's" in text, text
     assert f"{len(measured)} of {len(measured)} measurements agree exactly" in text, text
     assert "Triton 2.51 was not part of this run" in text, text
     assert (out / "bench.png").stat().st_size > 10_000
@@ -228,6 +339,49 @@ def test_report_ratios_and_targets(tmp_path: Path) -> None:
     assert met["identity 1M FP32 gRPC raw: peak memory <= memory at rest + 4x payload"] is False
     assert "(1 of 2 runs failed)" in text
     assert report.chart(document, summary, tmp_path / "chart.png") is not None
+
+
+def test_report_holds_every_scenario_to_triton_and_the_floor(tmp_path: Path) -> None:
+    """Issue 30's targets from made-up figures: a new scenario against Triton's throughput and CPU (from the
+    scenario's own load generator where both have its figures), `simple`'s ratios and latency, and our CPU per
+    request over the bare transport's floor."""
+    records: list[dict[str, object]] = []
+    for scenario in report.TITLES:
+        records.append(_record("oipgen", scenario, 3000.0, 120.0))
+        records.append(_record("triton", scenario, 2000.0, 150.0))
+        records.append(_record("floor", scenario, 9000.0, 100.0))
+    # text gRPC c=8 is ranked by perf_analyzer: there ours is slower than Triton, with loadgen faster
+    records.append({**_record("oipgen", "text_grpc_c8", 900.0, 200.0), "tool": "perf_analyzer"})
+    records.append({**_record("triton", "text_grpc_c8", 1000.0, 150.0), "tool": "perf_analyzer"})
+    records.append({**_record("floor", "simple_grpc_c8", 9000.0, 80.0), "repeat": 2})  # the floor's median: 90
+    records.append({**_record("triton", "simple_grpc_c1", 3000.0, 150.0), "tool": "perf_analyzer"})
+    for record in records:
+        if record["server"] == "triton" and record["scenario"] == "simple_grpc_c1" and record["tool"] == "loadgen":
+            record["p50_ms"] = 0.5  # Triton's latency below ours
+    meta = {"date": "today", "host": "here", "cpus": 2, "python": "3.11", "git": {"sha": "0" * 40, "dirty": False},
+            "versions": {}, "reference": "triton", "load_average_before": [0.1] * 3, "load_average_after": [0.2] * 3,
+            "servers": ["oipgen", "triton"], "scenarios": list(report.TITLES), "repeats": 1, "duration_s": 1.0,
+            "warmup_s": 0.1, "elements": 1_000_000, "elapsed_s": 60.0, "server_cpu": "0", "client_cpu": "1",
+            "floors": True}
+    document = {"meta": meta, "floor": {}, "records": records}
+    summary = report.summarize(document)
+    met = {target: (what, ok) for target, what, ok in report.targets(document, summary)}
+    new = "text gRPC c=8: >= Triton's infer/s, <= its server CPU per inference"
+    assert met[new] == ("0.90x infer/s, 1.33x the CPU (200 vs 150 us; perf_analyzer)", False)
+    assert met["text REST JSON c=8: >= Triton's infer/s, <= its server CPU per inference"][1] is True
+    assert met["simple REST JSON c=8: >= 1.5x Triton's infer/s"][1] is True  # 3000 vs 2000
+    assert met["simple gRPC c=8: >= 1.3x Triton's infer/s"][1] is True
+    assert met["identity 1M FP32 gRPC raw c=1: >= 1.5x Triton's infer/s"][1] is True
+    assert met["simple REST JSON c=1: p50 latency <= Triton's"][1] is True  # 1.0 ms both
+    assert met["simple gRPC c=1: p50 latency <= Triton's"] == ("1.000 vs 0.500 ms (loadgen)", False)
+    floor = "server CPU per request <= 1.3x the bare transport's"
+    assert met[f"simple REST JSON c=8: {floor}"] == ("120 vs 100 us = 1.20x", True)
+    assert met[f"simple gRPC c=8: {floor}"] == ("120 vs 90 us = 1.33x", False)
+    assert not any(name.startswith("identity") and floor in name for name in met)
+    text = report.markdown(document, summary)
+    row = next(line for line in text.splitlines() if line.startswith("| text gRPC c=8 |"))
+    assert row.startswith("| text gRPC c=8 | perf_analyzer | 900 · 1.00 ms | 1,000 · 1.00 ms | 0.90x | 200 us | "
+                          "150 us | 1.33x | 100 us | 1.20x |"), row
 
 
 def test_scale_checks() -> None:
