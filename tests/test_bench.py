@@ -124,7 +124,7 @@ def test_a_wrong_answer_is_not_recorded(ours: servers.Running, tmp_path: Path) -
     servers.record_answer(ours, "simple_grpc", 1000, simple)
     floor = servers.start_floor(simple, tmp_path)
     try:
-        with pytest.raises(RuntimeError, match="recording text_grpc's answer failed.*wrong gRPC outputs"):
+        with pytest.raises(RuntimeError, match=r"recording text_grpc's answer failed.*wrong gRPC outputs"):
             servers.record_answer(floor, "text_grpc", 1000, tmp_path / "text.json", timeout=5)
     finally:
         servers.stop(floor)
