@@ -5,10 +5,13 @@
   that at 1 MB, and the log-log slope of CPU per inference between 1 MB and 64 MB at most 1.2.
 - Concurrency: `simple` over REST JSON and gRPC at 1 to 64 concurrent requests: throughput must hold (at every
   concurrency from 8 up, at least 80% of the best) and no request may fail.
-- Workers: `simple` over REST JSON and gRPC at c=16 with `--workers 1` and `--workers 2`, the server on both
-  CPUs: throughput and CPU per inference. On this 2-core machine the load generator shares CPU 1 with the
-  server, so two workers cannot double anything here: the figure says how much of the second core they turn
-  into throughput.
+- Workers: `simple` over REST JSON and gRPC with `--workers N` for each N of --workers (default 1, then doubling
+  up to the server's cores), the server on --server-cpus and the load on --client-cpus, one load generator process
+  per client core (`servers.run_loadgen_on`), WORKERS_CONCURRENCY requests at once per worker: throughput, CPU per
+  inference and the speed-up over one worker. By default (`layout`) a quarter of the cores (at least one) carry
+  the load and the rest the server; with fewer than 4 cores the server takes them all and the load shares the
+  last one, which the report says: there a second worker can only take what the load generator leaves of that
+  core, and the figure says how much of it becomes throughput, not how workers scale.
 - Load and faults (bench/faults.py, the drivers of the fault suite): 64 clients mixing REST JSON, REST binary and
   gRPC on `simple`, every answer checked number by number, twice (--faults-duration each), with the server's RSS
   before and after each phase; then 200 slow clients sending a header a byte a second while 8 others are served:
@@ -17,6 +20,7 @@ Outputs in --out (default bench/results): scale.json, scale.md, scale.png. The s
 CPU 1, as in bench/run.py; every point is bounded in time (--duration) and count.
 
     python bench/scale.py [--quick] [--duration 3] [--faults-duration 20] [--out DIR]
+                          [--server-cpus 0,1,2,3,4,5] [--client-cpus 6,7] [--workers 1,2,4,6]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -41,7 +46,28 @@ SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KB .. 64 MB
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 PAYLOAD_WORKLOADS = ("identity_rest_binary", "identity_grpc_raw")
 CONCURRENCY_WORKLOADS = ("simple_rest", "simple_grpc")
-WORKERS_CONCURRENCY = 16
+WORKERS_CONCURRENCY = 16  # requests at once per worker
+
+
+def layout(cores: int) -> tuple[list[str], list[str]]:
+    """The default cores (taskset's numbers) of the server and of the load generator on a machine of `cores`
+    cores: the last quarter (at least one) for the load and the rest for the server; below 4 cores, every core for
+    the server and the last one shared with the load."""
+    every = [str(i) for i in range(cores)]
+    if cores < 4:
+        return every, every[-1:]
+    load = max(1, cores // 4)
+    return every[:-load], every[-load:]
+
+
+def worker_counts(server_cpus: int) -> list[int]:
+    """1, 2, 4... up to the server's cores (and that count itself)."""
+    counts = [1]
+    while counts[-1] * 2 <= server_cpus:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != server_cpus:
+        counts.append(server_cpus)
+    return counts
 
 
 def _size(n: float) -> str:
@@ -298,17 +324,27 @@ def markdown(document: dict[str, Any]) -> str:
         )
     rows = document.get("workers", [])
     if rows:
-        lines += ["", f"## Workers (c={WORKERS_CONCURRENCY}, server on CPUs 0-1, load on CPU 1)", "",
-                  "| workload | 1 worker | 2 workers | ratio |", "|---|---|---|---|"]
+        setup = document["meta"].get("workers", {})
+        server_cpus, client_cpus = setup.get("server_cpus", []), setup.get("client_cpus", [])
+        shared = sorted(set(server_cpus) & set(client_cpus))
+        lines += ["", f"## Workers ({WORKERS_CONCURRENCY} requests at once per worker; server on CPUs "
+                  f"{','.join(server_cpus)}, load on CPUs {','.join(client_cpus)}, one load generator per core)", ""]
+        if shared:
+            lines += [f"The load generator shares CPU {','.join(shared)} with the server: what more workers give "
+                      "here is bounded by what the load leaves of the server's cores; this measures that, not how "
+                      "the workers scale (run `make bench-scale` on a machine of 4 or more cores).", ""]
+        lines += ["| workload | workers | infer/s | p50 / p99 ms | server CPU us / inference | speed-up over 1 |",
+                  "|---|---|---|---|---|---|"]
         for workload in CONCURRENCY_WORKLOADS:
-            by = {r["server"]: r for r in rows if r["workload"] == workload and "error" not in r}
-            one, two = by.get("oipgen_workers1"), by.get("oipgen_workers2")
-
-            def cell(r: dict[str, Any] | None) -> str:
-                return f"{r['infer_per_s']:,.0f}/s, {r['server_cpu_us_per_infer'] or 0:,.0f} us CPU" if r else "fails"
-
-            ratio = f"{two['infer_per_s'] / one['infer_per_s']:.2f}x" if one and two and one["infer_per_s"] else "-"
-            lines.append(f"| {workload} | {cell(one)} | {cell(two)} | {ratio} |")
+            mine = [r for r in rows if r["workload"] == workload]
+            one = next((r for r in mine if r["workers"] == 1 and "error" not in r), None)
+            for r in mine:
+                if "error" in r:
+                    lines.append(f"| {workload} | {r['workers']} | fails: {r['error'][:100]} | | | |")
+                    continue
+                gain = f"{r['infer_per_s'] / one['infer_per_s']:.2f}x" if one and one["infer_per_s"] else "-"
+                lines.append(f"| {workload} | {r['workers']} | {r['infer_per_s']:,.0f} | {r['p50_ms']:.2f} / "
+                             f"{r['p99_ms']:.2f} | {r['server_cpu_us_per_infer'] or 0:,.0f} | {gain} |")
     if document.get("faults"):
         lines += fault_lines(document["faults"])
     lines += ["", "| check | measured | met |", "|---|---|---|"]
@@ -323,7 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float)
     p.add_argument("--faults-duration", type=float, help="seconds of each mixed load phase (default 20, quick 5)")
     p.add_argument("--out", type=Path, default=BENCH / "results")
+    default_server, default_client = layout(os.cpu_count() or 1)
+    p.add_argument("--server-cpus", default=",".join(default_server),
+                   help="the server's cores in the workers' measurement (default here: %(default)s)")
+    p.add_argument("--client-cpus", default=",".join(default_client),
+                   help="the load generator's cores, one process each (default here: %(default)s)")
+    p.add_argument("--workers", help="comma-separated worker counts (default: 1, 2, 4... up to the server's cores)")
     args = p.parse_args(argv)
+    server_cpus = [c for c in args.server_cpus.split(",") if c]
+    client_cpus = [c for c in args.client_cpus.split(",") if c]
+    counts = [int(n) for n in args.workers.split(",")] if args.workers else worker_counts(len(server_cpus))
     duration = args.duration or (0.5 if args.quick else 3.0)
     warmup = 0.2 if args.quick else 0.5
     sizes = SIZES[:6] if args.quick else SIZES
@@ -368,14 +413,17 @@ def main(argv: list[str] | None = None) -> int:
                         ),
                         flush=True,
                     )
-        for name in ("oipgen_workers1", "oipgen_workers2"):
-            with servers.running(name, BENCH / ".cache", out / "logs") as server:
+        for count in counts:
+            with servers.running("oipgen", BENCH / ".cache", out / "logs", options=("--workers", str(count)),
+                                 cpus=",".join(server_cpus)) as server:
                 for workload in CONCURRENCY_WORKLOADS:
-                    r = {"server": name, **point(server, workload, WORKERS_CONCURRENCY, 1, duration, warmup)}
+                    r = {"workers": count, **servers.run_loadgen_on(
+                        server, workload, client_cpus, concurrency=WORKERS_CONCURRENCY * count, duration=duration,
+                        warmup=warmup, elements=1, request_timeout=60)}
                     workers.append(r)
                     cpu = r.get("server_cpu_us_per_infer") or 0
                     text = f"ERROR {r['error']}" if "error" in r else f"{r['infer_per_s']:,.0f}/s, {cpu:,.0f} us CPU"
-                    print(f"{name} {workload}: {text}", flush=True)
+                    print(f"--workers {count} {workload}: {text}", flush=True)
         with servers.running("oipgen", BENCH / ".cache", out / "logs") as server:
             for seed in (0, 1000):  # two identical phases: the second must not grow the server's memory
                 fault_rows.append(fault_phase(server, "mixed", faults_duration, "-c", "64", "--seed", str(seed)))
@@ -395,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_before": load_before,
             "load_average_after": [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]],
             "elapsed_s": time.monotonic() - began,
+            "workers": {"server_cpus": server_cpus, "client_cpus": client_cpus, "counts": counts},
         },
         "payload": payload,
         "concurrency": concurrency,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen import _tree, rss_kib
+from loadgen import _tree, cpu_seconds, rss_kib
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -71,15 +71,12 @@ IDLE_SETTLE_S = 1.0
 # Our server with other options. Observability (make bench, on VARIANT_SCENARIOS): as shipped (metrics on, tracing
 # off; the same as "oipgen", measured beside the other two), metrics and tracing off, and tracing on (every request
 # sampled, exported over OTLP/HTTP to the sink bench/otlp_sink.py, whose address run.py puts in OTLP_ENV). Workers
-# (make bench-scale): one and two server processes, on both CPUs (the load generator shares CPU 1 with them).
+# (make bench-scale): `--workers N`, given as `options` and the cores as `cpus` (bench/scale.py).
 VARIANTS = {
     "oipgen_metrics": (),
     "oipgen_bare": ("--metrics", "off"),
     "oipgen_traced": (),
-    "oipgen_workers1": ("--workers", "1"),
-    "oipgen_workers2": ("--workers", "2"),
 }
-VARIANT_CPUS = {"oipgen_workers1": "0,1", "oipgen_workers2": "0,1"}
 OBSERVABILITY = ("oipgen_bare", "oipgen_metrics", "oipgen_traced")
 VARIANT_LABELS = {"oipgen_bare": "metrics and tracing off", "oipgen_metrics": "metrics on (default)",
                   "oipgen_traced": "metrics on, every request traced (OTLP/HTTP)"}
@@ -158,10 +155,11 @@ def pss_kib(pid: int) -> int:
 
 def command(
     name: str, cache: Path, http_port: int, grpc_port: int, repository: Path | None = None,
-    options: tuple[str, ...] = (),
+    options: tuple[str, ...] = (), cpus: str = SERVER_CPU,
 ) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of server `name`; `repository` is where it reads its models from (default:
-    the benchmark's): a model repository, or for KServe the folder of its kserve_server.py; `options` go last."""
+    """The command line and environment of server `name`, pinned to `cpus` (taskset's list); `repository` is where
+    it reads its models from (default: the benchmark's): a model repository, or for KServe the folder of its
+    kserve_server.py; `options` go last."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)
     if name == "oipgen_traced":
@@ -233,7 +231,7 @@ def command(
         ]
     else:
         raise ValueError(f"unknown server {name!r}")
-    return ["taskset", "-c", VARIANT_CPUS.get(name, SERVER_CPU), *argv, *options], env
+    return ["taskset", "-c", cpus, *argv, *options], env
 
 
 def _get(port: int, path: str) -> int:
@@ -322,14 +320,14 @@ def _grpc_ready(target: str, deadline: float) -> bool:
 
 def start(
     name: str, cache: Path, workdir: Path, timeout: float = 90.0, *, models: tuple[str, ...] | None = None,
-    repository: Path | None = None, options: tuple[str, ...] = (),
+    repository: Path | None = None, options: tuple[str, ...] = (), cpus: str = SERVER_CPU,
 ) -> Running:
     """Start server `name` (over `repository`, see `command`) and wait (bounded) until REST says it and `models`
     are ready, then until gRPC answers. `startup_s`: from the process start until the REST answers (polled every
     20 ms)."""
     workdir.mkdir(parents=True, exist_ok=True)
     http_port, grpc_port = free_port(), free_port()
-    argv, env = command(name, cache, http_port, grpc_port, repository, options)
+    argv, env = command(name, cache, http_port, grpc_port, repository, options, cpus)
     log = workdir / f"{name}.log"
     with log.open("ab") as sink:
         begin = time.monotonic()
@@ -439,11 +437,12 @@ def run_loadgen(
     request_timeout: float,
     extra: tuple[str, ...] = (),
     limit: float | None = None,
+    cpus: str = CLIENT_CPU,
 ) -> dict[str, Any]:
-    """One measurement by bench/loadgen.py in its own process, pinned to the client CPU; its JSON result, or
-    {"error": ...}."""
+    """One measurement by bench/loadgen.py in its own process, pinned to `cpus` (default: the client CPU); its JSON
+    result, or {"error": ...}."""
     argv = [
-        "taskset", "-c", CLIENT_CPU, sys.executable, str(BENCH / "loadgen.py"),
+        "taskset", "-c", cpus, sys.executable, str(BENCH / "loadgen.py"),
         "--rest", running.rest, "--grpc", running.grpc, "--workload", workload,
         "-c", str(concurrency), "-d", str(duration), "-w", str(warmup), "--elements", str(elements),
         "--server-pid", str(running.pid), "--timeout", str(request_timeout), *extra,
@@ -456,3 +455,36 @@ def run_loadgen(
     if done.returncode != 0 or not done.stdout.strip():
         return {"error": f"load generator exit {done.returncode}: {done.stderr.strip()[-300:]}"}
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run_loadgen_on(
+    running: Running, workload: str, cpus: list[str], *, concurrency: int, duration: float, warmup: float,
+    elements: int, request_timeout: float,
+) -> dict[str, Any]:
+    """One measurement by one bench/loadgen.py process per core of `cpus` at once, each pinned to its core with its
+    share of `concurrency` (a load generator that can outrun several server processes): their requests added up,
+    the server tree's CPU read around them all (per request: over every request answered), the highest p50 and p99
+    of the processes (each process's own percentiles; not those of all requests together)."""
+    import concurrent.futures
+
+    shares = [concurrency // len(cpus) + (1 if i < concurrency % len(cpus) else 0) for i in range(len(cpus))]
+    used = [(cpu, share) for cpu, share in zip(cpus, shares, strict=True) if share]
+    cpu_before = cpu_seconds(running.pid)
+    with concurrent.futures.ThreadPoolExecutor(len(used)) as pool:
+        results = list(pool.map(lambda item: run_loadgen(
+            running, workload, concurrency=item[1], duration=duration, warmup=warmup, elements=elements,
+            request_timeout=request_timeout, cpus=item[0]), used))
+    spent = cpu_seconds(running.pid) - cpu_before
+    failed = [r["error"] for r in results if "error" in r]
+    if failed:
+        return {"workload": workload, "concurrency": concurrency, "error": failed[0]}
+    requests = sum(r["requests"] for r in results)
+    completed = sum(r["completed"] for r in results)
+    return {
+        "workload": workload, "concurrency": concurrency, "client_cpus": [cpu for cpu, _ in used],
+        "requests": requests, "completed": completed, "errors": sum(r["errors"] for r in results),
+        "infer_per_s": sum(r["infer_per_s"] for r in results),
+        "p50_ms": max(r["p50_ms"] for r in results), "p99_ms": max(r["p99_ms"] for r in results),
+        # the server's CPU over the processes' whole runs, warm-ups included: per request it answered in them
+        "server_cpu_us_per_infer": spent / completed * 1e6 if completed else None,
+    }

@@ -402,6 +402,35 @@ def test_scale_checks() -> None:
     assert len(failed) == 2, failed
 
 
+def test_scale_lays_out_the_cores_and_says_when_the_load_shares_one() -> None:
+    assert scale.layout(2) == (["0", "1"], ["1"])
+    assert scale.layout(8) == (["0", "1", "2", "3", "4", "5"], ["6", "7"])
+    assert scale.layout(16)[1] == ["12", "13", "14", "15"]
+    assert scale.worker_counts(6) == [1, 2, 4, 6] and scale.worker_counts(2) == [1, 2]
+    rows = [{"workers": n, "workload": w, "infer_per_s": 1000.0 * n, "p50_ms": 1.0, "p99_ms": 2.0,
+             "server_cpu_us_per_infer": 100.0, "errors": 0} for n in (1, 2) for w in scale.CONCURRENCY_WORKLOADS]
+    for server_cpus, client_cpus in (scale.layout(2), scale.layout(8)):
+        document = {"meta": {"date": "today", "load_average_before": [0.1] * 3, "load_average_after": [0.1] * 3,
+                             "duration_s": 1.0, "quick": True,
+                             "workers": {"server_cpus": server_cpus, "client_cpus": client_cpus}},
+                    "payload": [], "concurrency": [], "workers": rows, "checks": []}
+        text = scale.markdown(document)
+        assert "| simple_grpc | 2 | 2,000 | 1.00 / 2.00 | 100 | 2.00x |" in text, text
+        assert ("The load generator shares CPU 1 with the server" in text) == (client_cpus == ["1"]), text
+
+
+def test_load_from_several_processes_adds_up(ours: servers.Running) -> None:
+    """One load generator per client core at once (here both on CPU 1): their requests add up, every one answered
+    and counted by the server."""
+    before = servers.inference_count(ours)
+    result = servers.run_loadgen_on(ours, "simple_grpc", ["1", "1"], concurrency=3, duration=0.3, warmup=0.1,
+                                    elements=16, request_timeout=10)
+    after = servers.inference_count(ours)
+    assert "error" not in result and result["errors"] == 0 and result["client_cpus"] == ["1", "1"], result
+    assert before is not None and after is not None and after - before == result["completed"] > result["requests"]
+    assert result["server_cpu_us_per_infer"] > 0 and result["infer_per_s"] > 0
+
+
 def _identity(ours: servers.Running, workload: str, data: np.ndarray) -> np.ndarray:
     """`data` sent to identity_fp32 as `workload` sends it; the FP32 tensor the server answered."""
     import grpc
