@@ -482,6 +482,22 @@ def grpc_request(name: str, elements: int) -> tuple[Any, list[bytes], int]:
     return request, [data.tobytes()], data.nbytes
 
 
+def _outputs_raw(reply: Any) -> list[bytes]:
+    """Each output of a gRPC answer as raw contents: as the server wrote them, or from its typed contents (INT32 and
+    BYTES, the outputs of these workloads; a server may answer in either form)."""
+    from tritonclient.utils import serialize_byte_tensor
+
+    if reply.raw_output_contents:
+        return list(reply.raw_output_contents)
+    out = []
+    for tensor in reply.outputs:
+        if tensor.datatype == "BYTES":
+            out.append(serialize_byte_tensor(np.array(list(tensor.contents.bytes_contents), dtype=object)).item())
+        else:
+            out.append(np.asarray(tensor.contents.int_contents, dtype="<i4").tobytes())
+    return out
+
+
 def _stream_check(replies: list[bytes], pb: Any) -> None:
     """A decoupled request's answers: DECOUPLED_RESPONSES responses, OUT = IN + i, then the empty final one."""
     messages = [pb.ModelStreamInferResponse.FromString(raw) for raw in replies]
@@ -562,7 +578,7 @@ def grpc_workload(name: str, target: str, elements: int, timeout: float, shared:
             _stream_check(replies, pb)
             return replies
         reply = pb.ModelInferResponse.FromString(replies[0])
-        if list(reply.raw_output_contents) != expected:
+        if _outputs_raw(reply) != expected:
             contents = [len(c) for c in reply.raw_output_contents]
             raise LoadError(f"wrong gRPC outputs (raw entries of {contents} bytes, {len(reply.outputs)} outputs)")
         return replies

@@ -57,5 +57,5 @@ class Text(MLModel):
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         strings = NumpyCodec.decode_input(payload.inputs[0]).reshape(-1)
-        upper = np.array([bytes(s).upper() for s in strings], dtype=np.object_)
+        upper = np.array([(s.encode() if isinstance(s, str) else bytes(s)).upper() for s in strings], dtype=np.object_)
         return InferenceResponse(model_name=self.name, id=payload.id, outputs=[_output("OUTPUT0", upper)])

@@ -83,7 +83,10 @@ class InputPlan:
 
     def count(self, shape: list[int], limit: int) -> int | None:
         """The element count of a request tensor of this input with `shape`, when the shape fits the declaration
-        and the limit; None otherwise (the general way's to refuse)."""
+        and the limit; None otherwise (the general way's to refuse: a dimension that is no int, 1.0 or true, too)."""
+        for d in shape:
+            if type(d) is not int:
+                return None
         if self.fixed:
             return self.elements if shape == self.shape else None
         if not shape_fits(self.shape, shape):

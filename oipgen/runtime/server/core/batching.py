@@ -27,7 +27,6 @@ execution (with the batch size, `observe.events.ExecutionRecord`); each request 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -97,13 +96,23 @@ class _Entry:
     rows: int
     key: Hashable
     arrived: int
-    # Awaited on the loop (`Batcher`), or waited for by a thread (`ThreadBatcher`)
-    future: asyncio.Future[Share] | concurrent.futures.Future[Share]
-    wake: threading.Lock | None = None  # a waiting thread's: released with its share, or to lead
-    lead: bool = False  # the thread leads the next batch
+    # Awaited on the loop (`Batcher`); None for a request waiting in a thread (`ThreadBatcher`), which is handed its
+    # `share` or `error` and woken (`wake` released), or woken to lead the next batch (`lead`)
+    future: asyncio.Future[Share] | None
+    wake: threading.Lock | None = None
+    share: Share | None = None
+    error: BaseException | None = None
+    lead: bool = False
+
+    def waiting(self) -> bool:
+        """Whether the request still waits for its share (not cancelled, not answered)."""
+        future = self.future
+        if future is None:
+            return self.share is None and self.error is None
+        return not future.done()
 
 
-def _entry(inputs: Arrays, parameters: dict[str, Any], future: Any) -> _Entry:
+def _entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Share] | None) -> _Entry:
     rows = batch_rows(inputs)
     return _Entry(
         inputs=inputs,
@@ -166,7 +175,7 @@ class Batcher:
     async def _next_batch(self, queue: _Queue) -> list[_Entry]:
         """The next batch, once it is due; empty when nothing is pending."""
         while True:
-            while queue.pending and queue.pending[0].future.done():  # cancelled while waiting
+            while queue.pending and not queue.pending[0].waiting():  # cancelled while waiting
                 queue.pending.popleft()
             if not queue.pending:
                 return []
@@ -174,7 +183,7 @@ class Batcher:
             batch, deadline = _form(queue.model, queue.pending, now)
             if batch:
                 taken = {id(entry) for entry in batch}
-                queue.pending = deque(e for e in queue.pending if id(e) not in taken and not e.future.done())
+                queue.pending = deque(e for e in queue.pending if id(e) not in taken and e.waiting())
                 return batch
             queue.arrival.clear()
             with contextlib.suppress(TimeoutError):
@@ -191,7 +200,7 @@ class Batcher:
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else ModelFailure("the batch was cancelled")
             for entry in batch:
-                if not entry.future.done():
+                if entry.future is not None and not entry.future.done():
                     entry.future.set_exception(error)
             if not isinstance(exc, Exception):
                 raise
@@ -201,7 +210,7 @@ class Batcher:
                 ExecutionRecord(model.name, model.version, rows, run_start - start, run_end - run_start, done - run_end)
             )
         for entry, share in zip(batch, shares, strict=True):
-            if not entry.future.done():
+            if entry.future is not None and not entry.future.done():
                 entry.future.set_result((share, start, run_start, run_end))
 
 
@@ -224,7 +233,7 @@ class ThreadBatcher:
 
     def infer(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread) -> Share:
         """This request's share of a batched call and its moments, as `Batcher.infer` gives them."""
-        entry = _entry(inputs, parameters, concurrent.futures.Future())
+        entry = _entry(inputs, parameters, None)
         entry.wake = threading.Lock()
         entry.wake.acquire()
         queue = self._queues.get(id(model))
@@ -243,7 +252,10 @@ class ThreadBatcher:
             entry.wake.acquire()  # woken with its share, or to lead
         if entry.lead:
             self._lead(queue, run)
-        return entry.future.result()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.share is not None
+        return entry.share
 
     def _lead(self, queue: _ThreadQueue, run: RunInThread) -> None:
         """Form the batch the head of the queue (this thread's request) leads, run it, hand the lead on."""
@@ -266,15 +278,14 @@ class ThreadBatcher:
                 self._report(ExecutionRecord(model.name, model.version, rows, run_start - start, run_end - run_start,
                                              time.perf_counter_ns() - run_end))
             for entry, share in zip(batch, shares, strict=True):
-                entry.future.set_result((share, start, run_start, run_end))
+                entry.share = (share, start, run_start, run_end)
         except Exception as exc:
             for entry in batch:
-                if not entry.future.done():
-                    entry.future.set_exception(exc)
+                entry.error = exc
         finally:
             for entry in batch:
-                if not entry.future.done():  # not an Exception: still an answer for every request
-                    entry.future.set_exception(ModelFailure("the batch was not run"))
+                if entry.share is None and entry.error is None:  # not an Exception: still an answer for each
+                    entry.error = ModelFailure("the batch was not run")
                 if not entry.lead and entry.wake is not None:
                     entry.wake.release()
             with queue.changed:
@@ -309,7 +320,7 @@ def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry],
     rows = 0
     best = 0  # the longest prefix of `batch` whose rows are a preferred batch size
     for entry in pending:
-        if entry.key != head.key or entry.future.done():
+        if entry.key != head.key or not entry.waiting():
             continue
         if batch and rows + entry.rows > limit:
             break
