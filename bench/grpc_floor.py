@@ -79,16 +79,6 @@ def _identity_response(elements: int) -> bytes:
     return reply.SerializeToString()
 
 
-def _tuned_malloc() -> dict[str, str]:
-    """glibc's malloc settings as `oip.server.process.allocator.tune_allocator` makes them, as the environment
-    variables it defers to."""
-    sys.path.insert(0, str(ROOT / "generated"))
-    from oip.server.process import allocator
-
-    return {"MALLOC_ARENA_MAX": str(allocator.ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(allocator.MMAP_THRESHOLD),
-            "MALLOC_TRIM_THRESHOLD_": str(allocator.TRIM_THRESHOLD)}
-
-
 def serve_replay(answer_file: Path, port: int) -> None:
     """Serve a recorded answer (see the module's description) until killed."""
     import base64
@@ -170,7 +160,7 @@ def _start_floor(variant: str, workdir: Path, elements: int = 0) -> servers.Runn
     port = servers.free_port()
     log = workdir / f"floor_{variant}.log"
     argv = ["taskset", "-c", SERVER_CPU, sys.executable, __file__, "--serve", variant, "--port", str(port)]
-    env = {**os.environ, **_tuned_malloc()} if elements else None
+    env = {**os.environ, **servers.tuned_malloc()} if elements else None
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [*argv, "--elements", str(elements)] if elements else argv,

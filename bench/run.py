@@ -206,7 +206,8 @@ def measure(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
 def measure_floors(ours: servers.Running, scenarios: list[Scenario], args: argparse.Namespace, repeat: int,
                    log: Any) -> list[dict[str, Any]]:
     """Each scenario's floor (server "floor"): our server's answer to its workload, recorded, then answered by the
-    bare transport (`servers.start_floor`) under the scenario's own load, from bench/loadgen.py."""
+    bare transport (`servers.start_floor`) under the scenario's own load, from bench/loadgen.py: its CPU per
+    request, and for a large tensor its peak memory over its memory at rest."""
     records: list[dict[str, Any]] = []
     folder = args.out / "logs" / "floors"
     folder.mkdir(parents=True, exist_ok=True)
@@ -224,7 +225,7 @@ def measure_floors(ours: servers.Running, scenarios: list[Scenario], args: argpa
             result = observed(floor, functools.partial(loadgen, floor, scenario, args))
         finally:
             servers.stop(floor)
-        records.append({**base, **result})
+        records.append({**base, **result, "rest_rss_mib": floor.idle_rss_mib})
         log(f"[{repeat}] floor {scenario.name}: {_short(result)}")
     return records
 

@@ -4,8 +4,9 @@ Each scenario says which load generator ranks the servers on it (`tool`): perf_a
 Triton's client wheels, which nobody here wrote) wherever it can send the workload to both Triton and our server,
 bench/loadgen.py where it cannot (bench/pa.py's NOT_APPLICABLE says why: generate, typed contents, parameters
 over REST, BYTES in JSON) and for the scenarios the benchmark has ranked with it from the start. Both run on every
-scenario where they can. `floor`: a small request, also measured on the bare transport answering the same bytes
-(bench/floor.py, bench/grpc_floor.py), so that the report says what our server adds to it. `new`: a workload
+scenario where they can. `floor`: also measured on the bare transport answering the same bytes (bench/floor.py,
+bench/grpc_floor.py), so that the report says what our server adds to it: CPU per request for a small request,
+peak memory for the large gRPC one (what grpcio itself holds of a 4 MB message). `new`: a workload
 beyond `simple` and the identity (issue 30), held to Triton's throughput and CPU per inference.
 """
 
@@ -42,7 +43,7 @@ SCENARIOS: Final = (
     Scenario("simple_rest_c8", "simple_rest", 8, "simple REST JSON c=8", floor=True),
     Scenario("simple_grpc_c1", "simple_grpc", 1, "simple gRPC c=1", floor=True),
     Scenario("simple_grpc_c8", "simple_grpc", 8, "simple gRPC c=8", floor=True),
-    Scenario("identity_grpc_raw", "identity_grpc_raw", 1, "identity 1M FP32 gRPC raw c=1", fresh=True),
+    Scenario("identity_grpc_raw", "identity_grpc_raw", 1, "identity 1M FP32 gRPC raw c=1", fresh=True, floor=True),
     Scenario("identity_rest_binary", "identity_rest_binary", 1, "identity 1M FP32 REST binary c=1", fresh=True),
     Scenario("identity_rest_json", "identity_rest_json", 1, "identity 1M FP32 REST JSON c=1", long=True, fresh=True),
     _small("text_rest_json_c1", "text_rest_json", 1, "text REST JSON c=1", LOADGEN),

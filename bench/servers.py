@@ -381,6 +381,16 @@ def stop(server: Running, grace: float = 15.0) -> None:
         process.wait(timeout=5)
 
 
+def tuned_malloc() -> dict[str, str]:
+    """glibc's malloc settings as `oip.server.process.allocator.tune_allocator` makes them in our server, as the
+    environment variables it defers to (for the floors: a bare server under the same settings)."""
+    sys.path.insert(0, str(ROOT / "generated"))
+    from oip.server.process import allocator
+
+    return {"MALLOC_ARENA_MAX": str(allocator.ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(allocator.MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(allocator.TRIM_THRESHOLD)}
+
+
 def record_answer(server: Running, workload: str, elements: int, path: Path, timeout: float = 60.0) -> None:
     """One request of `workload` to `server`, its checked answer written to `path` (bench/loadgen.py --record), for
     a floor server to replay; RuntimeError when the server did not answer it right."""
@@ -395,9 +405,11 @@ def record_answer(server: Running, workload: str, elements: int, path: Path, tim
 def start_floor(answer: Path, workdir: Path, timeout: float = 30.0) -> Running:
     """The bare transport answering every request with the answer recorded in `answer` (`record_answer`): uvicorn
     (bench/floor.py) for a REST answer, grpcio's thread pool server (bench/grpc_floor.py) for a gRPC one, pinned to
-    the server CPU in its own process group, ready once its port accepts connections."""
+    the server CPU in its own process group under our server's malloc settings, ready once its port accepts
+    connections; its RSS at rest read IDLE_SETTLE_S later."""
     rest = json.loads(answer.read_text())["transport"] == "rest"
     port, other = free_port(), free_port()
+    env = {**os.environ, **tuned_malloc()}
     script = ["floor.py", "--serve-rest", str(answer)] if rest else \
         ["grpc_floor.py", "--serve", "replay", "--answer", str(answer)]
     argv = ["taskset", "-c", SERVER_CPU, sys.executable, str(BENCH / script[0]), *script[1:], "--port", str(port)]
@@ -405,7 +417,7 @@ def start_floor(answer: Path, workdir: Path, timeout: float = 30.0) -> Running:
     log = workdir / "floor.log"
     with log.open("ab") as sink:
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   cwd=workdir, start_new_session=True)
+                                   cwd=workdir, start_new_session=True, env=env)
     server = Running("floor", process, port if rest else other, other if rest else port, log)
     deadline = time.monotonic() + timeout
     while True:
@@ -413,8 +425,11 @@ def start_floor(answer: Path, workdir: Path, timeout: float = 30.0) -> Running:
             stop(server)
             raise RuntimeError(f"the floor server did not start; see {log}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return server
+            break
         time.sleep(0.05)
+    time.sleep(IDLE_SETTLE_S)  # its memory at rest, as a server's: ready and settled
+    server.idle_rss_mib = rss_kib(process.pid) / 1024
+    return server
 
 
 @contextlib.contextmanager

@@ -355,6 +355,11 @@ def test_report_holds_every_scenario_to_triton_and_the_floor(tmp_path: Path) -> 
     records.append({**_record("triton", "text_grpc_c8", 1000.0, 150.0), "tool": "perf_analyzer"})
     records.append({**_record("floor", "simple_grpc_c8", 9000.0, 80.0), "repeat": 2})  # the floor's median: 90
     records.append({**_record("triton", "simple_grpc_c1", 3000.0, 150.0), "tool": "perf_analyzer"})
+    for record in records:  # the bare transport's memory over its memory at rest, on the large gRPC tensor
+        if record["scenario"] == "identity_grpc_raw":
+            record.update(rest_rss_mib=60.0 if record["server"] == "floor" else 90.0)
+            if record["server"] == "floor":
+                record["peak_rss_mib"] = 80.0
     for record in records:
         if record["server"] == "triton" and record["scenario"] == "simple_grpc_c1" and record["tool"] == "loadgen":
             record["p50_ms"] = 0.5  # Triton's latency below ours
@@ -378,6 +383,8 @@ def test_report_holds_every_scenario_to_triton_and_the_floor(tmp_path: Path) -> 
     assert met[f"simple REST JSON c=8: {floor}"] == ("120 vs 100 us = 1.20x", True)
     assert met[f"simple gRPC c=8: {floor}"] == ("120 vs 90 us = 1.33x", False)
     assert not any(name.startswith("identity") and floor in name for name in met)
+    memory = met["identity 1M FP32 gRPC raw: peak memory <= memory at rest + 4x payload"][0]
+    assert memory.endswith("; the bare transport answering the same bytes grows 20.0 MiB, 5.2x the payload"), memory
     text = report.markdown(document, summary)
     row = next(line for line in text.splitlines() if line.startswith("| text gRPC c=8 |"))
     assert row.startswith("| text gRPC c=8 | perf_analyzer | 900 · 1.00 ms | 1,000 · 1.00 ms | 0.90x | 200 us | "
