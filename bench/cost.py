@@ -34,8 +34,8 @@ import cProfile  # noqa: E402
 import pstats  # noqa: E402
 
 sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(ROOT / "generated"))
 
+import asgi  # noqa: E402
 import loadgen  # noqa: E402
 
 MODELS = BENCH / "servers" / "oipgen_repo"
@@ -68,28 +68,13 @@ def _rest(app: Any, name: str) -> Callable[[], Awaitable[None]]:
     request = loadgen.rest_request(name, 1000)
     headers = [(b"host", b"bench"), *((k.lower().encode(), v.encode()) for k, v in request.headers.items()),
                (b"content-length", str(len(request.body)).encode())]
-    scope_base = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                  "scheme": "http", "path": request.path, "raw_path": request.path.encode(), "query_string": b"",
-                  "root_path": "", "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
 
     class Headers(dict[str, str]):
         def get(self, key: str, default: Any = None) -> Any:
             return super().get(key.lower(), default)
 
     async def one(check: bool = False) -> None:
-        messages = [{"type": "http.request", "body": request.body, "more_body": False}]
-        sent: list[dict[str, Any]] = []
-
-        async def receive() -> dict[str, Any]:
-            if messages:
-                return messages.pop()
-            await asyncio.sleep(3600)
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        await app(dict(scope_base), receive, send)
+        sent = await asgi.call(app, "POST", request.path, request.body, headers)
         if sent[0]["status"] != 200:
             raise RuntimeError(f"{name}: HTTP {sent[0]['status']}: {sent[1:2]}")
         if check:

@@ -30,6 +30,10 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+import asgi  # noqa: E402
+
 VARIANTS = ("bare", "metrics", "traced")
 TRANSPORTS = ("rest", "grpc", "grpc_general", "grpc_loop")
 # The server's modules of tracing
@@ -64,23 +68,7 @@ def _measure(transport: str, variant: str, requests: int) -> dict[str, float]:
                        (b"content-length", str(len(body)).encode())]
 
             async def one() -> None:
-                scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                         "scheme": "http", "path": "/v2/models/simple/infer", "raw_path": b"/v2/models/simple/infer",
-                         "query_string": b"", "root_path": "", "headers": headers, "client": ("127.0.0.1", 1),
-                         "server": ("127.0.0.1", 2)}
-                messages: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
-                sent: list[dict[str, Any]] = []
-
-                async def receive() -> dict[str, Any]:
-                    if messages:
-                        return messages.pop()
-                    await asyncio.sleep(3600)
-                    return {"type": "http.disconnect"}
-
-                async def send(message: dict[str, Any]) -> None:
-                    sent.append(message)
-
-                await app(scope, receive, send)
+                sent = await asgi.call(app, "POST", "/v2/models/simple/infer", body, headers)
                 assert sent[0]["status"] == 200, sent
         else:
             servicer = server.servicer()
