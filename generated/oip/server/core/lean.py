@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,15 +39,13 @@ import numpy.typing as npt
 from ... import datatypes
 from ..errors import OipError
 from ..model import Model, TensorSpec
-from ..observe.events import Timer
+from ..observe.events import Observers, Timer
 from ..types import InferRequest, InferResponse, Tensor
 from .accounting import Inference
-from .batching import batch_rows, is_batching
-from .invoke import call_in_thread, is_plain
+from .batching import Batcher, ThreadBatcher, batch_rows, is_batching
+from .invoke import Slots, call_in_thread, is_plain
+from .repository import ModelRepository
 from .validation import check_request_parameters, declared_shape, shape_fits, tensor_elements
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
 
 PARAMETERS: Final = "parameters"  # the extension request parameters need to reach the model (`pipeline.PARAMETERS`)
 
@@ -160,13 +158,30 @@ class Plan:
         return arrays
 
 
-class Lean:
-    """The lean way over a pipeline: the plans of its models, and how a request runs (see the module's
-    description)."""
+RunOnLoop = Callable[..., Awaitable[tuple[Any, int, int]]]
+"""How the model runs from the event loop (`Pipeline.run`): the result, when it started and ended."""
+Finish = Callable[[Model, str, dict[str, Any], list[TensorSpec], Any, int], InferResponse]
+"""The general way's response to what the model returned (`Pipeline.finish_result`): model, request id, inputs, the
+outputs wanted, the result, the batch size."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        self.limit = pipeline.settings.max_tensor_elements
+
+class Lean:
+    """The lean way over a data plane's parts (see the module's description): its repository and observers, the
+    tensor element limit, the extensions served, the model slots, both batchers, and what runs the model on the
+    loop and what finishes a response the general way (the pipeline's, handed over by it)."""
+
+    def __init__(self, repository: ModelRepository, observers: Observers, limit: int, enabled: Sequence[str],
+                 slots: Slots, batcher: Batcher, thread_batcher: ThreadBatcher, run: RunOnLoop,
+                 finish: Finish) -> None:
+        self.repository = repository
+        self.observers = observers
+        self.limit = limit
+        self.enabled = enabled
+        self.slots = slots
+        self.batcher = batcher
+        self.thread_batcher = thread_batcher
+        self.run = run
+        self.general_finish = finish
         self._plans: dict[tuple[str, str], tuple[Model, Plan | None]] = {}  # by the request's name and version
         self._lock = threading.Lock()
 
@@ -174,7 +189,7 @@ class Lean:
         """The plan of the model version a request names; None when it is unknown, not ready or not for the lean
         way (the general way answers)."""
         try:
-            model = self.pipeline.repository.get(name, version)
+            model = self.repository.get(name, version)
         except OipError:
             return None
         key = (name, version)
@@ -198,7 +213,7 @@ class Lean:
             checked = check_request_parameters(given)
         except OipError:
             return None
-        if checked and PARAMETERS not in self.pipeline.enabled:
+        if checked and PARAMETERS not in self.enabled:
             return None
         return checked
 
@@ -206,10 +221,9 @@ class Lean:
                   start: int) -> Inference:
         """The request's hold on its model version, from `start` (`time.perf_counter_ns`): `with` it around the run
         and the answer's encoding. A timer only when an observer listens to starts or the request has an id."""
-        pipeline = self.pipeline
-        observers = pipeline.observers
+        observers = self.observers
         timer = Timer(request_id, trace, transport) if observers.starting or request_id else None
-        return Inference(pipeline.repository, observers, plan.model, timer, request_id, start)
+        return Inference(self.repository, observers, plan.model, timer, request_id, start)
 
     def run_in_thread(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
                       batch_size: int) -> Any:
@@ -219,11 +233,11 @@ class Lean:
         run.queued = time.perf_counter_ns()
         run.batch_size = batch_size
         if plan.batching:
-            share, run.formed, run.started, run.ended = self.pipeline.thread_batcher.infer(
+            share, run.formed, run.started, run.ended = self.thread_batcher.infer(
                 plan.model, arrays, parameters, self._call)
             run.alone = False
             return _result(share)
-        slots = self.pipeline.model_slots
+        slots = self.slots
         slots.take()
         try:
             run.started = time.perf_counter_ns()
@@ -235,7 +249,7 @@ class Lean:
 
     def _call(self, model: Model, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
         """A batch's model call in this thread, in one of the model slots: the result, when it started and ended."""
-        slots = self.pipeline.model_slots
+        slots = self.slots
         slots.take()
         try:
             started = time.perf_counter_ns()
@@ -248,15 +262,14 @@ class Lean:
         """Run the model from the event loop as the general way does (`Pipeline.schedule`): in a dynamic batch, or
         alone (inline, a coroutine on the loop, a plain method in a worker thread's slot); what it returned for this
         request."""
-        pipeline = self.pipeline
         run.queued = time.perf_counter_ns()
         if plan.batching:
-            share, run.formed, run.started, run.ended = await pipeline.batcher.infer(plan.model, arrays, parameters,
-                                                                                     pipeline.run)
+            share, run.formed, run.started, run.ended = await self.batcher.infer(plan.model, arrays, parameters,
+                                                                                 self.run)
             run.batch_size, run.alone = batch_size, False
             result = _result(share)
         else:
-            result, run.started, run.ended = await pipeline.run(plan.model, arrays, parameters, run.model_started)
+            result, run.started, run.ended = await self.run(plan.model, arrays, parameters, run.model_started)
             run.batch_size = batch_size
         return result
 
@@ -264,13 +277,7 @@ class Lean:
                batch_size: int) -> InferResponse:
         """The general way's response to what the model returned (`Pipeline.finish`: converted, or refused with its
         error), for a transport's general encoder."""
-        from .pipeline import PreparedRequest
-
-        model = plan.model
-        request = InferRequest(model_name=model.name, model_version=model.version, id=request_id)
-        prepared = PreparedRequest(arrays, wanted, {}, {}, batch_size, {})
-        return self.pipeline.finish(model, request, prepared, result, {})
-
+        return self.general_finish(plan.model, request_id, arrays, wanted, result, batch_size)
 
     # --- the decoded request (`types.InferRequest`), as the data plane gets it from either transport ----------
 

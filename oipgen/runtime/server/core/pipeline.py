@@ -102,7 +102,9 @@ class Pipeline:
         self.thread_batcher = ThreadBatcher(observers.execution_finished)  # the gRPC threads' lean way's batches
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
         self.model_slots = Slots(max(1, settings.model_threads))
-        self.lean = Lean(self)  # the common request, with only the work it needs
+        # The common request, with only the work it needs
+        self.lean = Lean(repository, observers, settings.max_tensor_elements, enabled, self.model_slots,
+                         self.batcher, self.thread_batcher, self.run, self.finish_result)
 
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 
@@ -256,6 +258,12 @@ class Pipeline:
         )
         self._write_shared_memory(response, prepared.placements, regions)
         return response
+
+    def finish_result(self, model: Model, request_id: str, inputs: dict[str, npt.NDArray[Any]],
+                      wanted: list[TensorSpec], result: Any, batch_size: int) -> InferResponse:
+        """`finish` of a request the lean way ran (no classification, parameters or shared memory: `lean`)."""
+        request = InferRequest(model_name=model.name, model_version=model.version, id=request_id)
+        return self.finish(model, request, PreparedRequest(inputs, wanted, {}, {}, batch_size, {}), result, {})
 
     # --- streams ---------------------------------------------------------------------------------------------
 
