@@ -652,3 +652,39 @@ def test_a_batch_that_fails_fails_every_request_of_it_and_hands_the_lead_on() ->
     assert len(outcomes) == 4 and all(isinstance(o, bytes) for o in outcomes)
     counted = counts(dp, "flaky")
     assert (counted["fail"][0], counted["success"][0], counted["execution_count"]) == (4, 4, 1)
+
+
+def test_requests_that_arrive_while_a_batch_runs_form_the_next_batch() -> None:
+    """One request's batch runs (the model held) while three more arrive: they wait, and once it is done the lead
+    passes to the first of them, which runs the three as the next batch."""
+    calls: list[int] = []
+    release = threading.Event()
+
+    class Held(Batching):
+        name = "held_batch"
+
+        def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+            calls.append(len(inputs["INPUT0"]))
+            if len(calls) == 1:
+                release.wait(TIMEOUT)
+            return Simple.infer(self, inputs, parameters)
+
+    dp = plane(Held())
+    lean = lean_way(dp)
+    replies: list[Any] = []
+    first = threading.Thread(target=lambda: replies.append(lean(request("held_batch", {"INPUT0": A, "INPUT1": B}))))
+    first.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    later = [threading.Thread(target=lambda: replies.append(lean(request("held_batch", {"INPUT0": A, "INPUT1": B}))))
+             for _ in range(3)]
+    for thread in later:
+        thread.start()
+    time.sleep(0.2)  # they are waiting behind the running batch
+    release.set()
+    for thread in (first, *later):
+        thread.join(5)
+    assert calls == [1, 3]
+    assert len(replies) == 4 and all(isinstance(reply, bytes) for reply in replies)
+    assert counts(dp, "held_batch")["execution_count"] == 2
