@@ -230,7 +230,7 @@ def test_the_served_text_has_every_sample_with_its_value() -> None:
     gate.open.set()
     buckets = (0.5, 30.0)  # a request here takes well under 0.5 s: every success in the first bucket
     dp = plane(gate, metrics_buckets=buckets)
-    app = create_app(dp, dp.settings)
+    app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
     async def main() -> tuple[list[int], httpx.Response]:
         transport = httpx.ASGITransport(app=app)
