@@ -260,6 +260,45 @@ def test_rest(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, method
     check_simple(http, stub)
 
 
+# JSON that Python's own parser reads and RFC 8259 does not: each in a key every route reads (`id`).
+NOT_RFC_8259 = {
+    "nan": b'{"id": NaN}',
+    "infinity": b'{"id": -Infinity}',
+    "overflow": b'{"id": 1e400}',
+    "lone_surrogate": b'{"id": "\\ud800"}',
+}
+
+
+def routes_with_json_bodies() -> list[str]:
+    """Every route of the REST app that reads a JSON body, its path variables filled with what this server has."""
+    from oip.server.rest import ENDPOINTS, REST_ONLY_ENDPOINTS
+
+    names = {"model_name": "simple", "model_version": "1", "region_name": "r"}
+    return [e.path.format(**names) for e in (*ENDPOINTS, *REST_ONLY_ENDPOINTS)
+            if getattr(e, "body", "generate") is not None]
+
+
+@pytest.mark.parametrize("body", list(NOT_RFC_8259.values()), ids=list(NOT_RFC_8259))
+def test_every_json_body_is_read_as_rfc_8259_and_refused_400_alike(http: httpx.Client, body: bytes) -> None:
+    """One strict JSON parser for every route (generate and generate_stream included): NaN, Infinity, a number
+    that overflows a double and a lone surrogate are 400 "not valid JSON", never a value a model or an answer
+    sees."""
+    paths = routes_with_json_bodies()
+    assert any(p.endswith("/generate_stream") for p in paths) and any(p.endswith("/infer") for p in paths)
+    for path in paths:
+        answer = http.post(path, content=body)
+        assert answer.status_code == 400, (path, answer.status_code, answer.text)
+        assert "is not valid JSON" in assert_error_body(answer, 400), (path, answer.text)
+
+
+def test_generate_still_refuses_a_repeated_key(http: httpx.Client) -> None:
+    for path in ("/v2/models/simple/generate", "/v2/models/simple/generate_stream"):
+        message = assert_error_body(http.post(path, content=b'{"id": "a", "x": {"k": 1, "k": 2}}'), 400)
+        assert message == "key 'k' appears more than once in the request body", message
+        message = assert_error_body(http.post(path, content=b"[" * 1024 + b"]" * 1024), 400)
+        assert "nested too deeply" in message or "must be a JSON object" in message, message
+
+
 # --- gRPC ---------------------------------------------------------------------------------------------------------
 
 
