@@ -4,6 +4,7 @@ server stays up: after each one it is live and answers a correct inference over 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -539,6 +540,59 @@ def test_malformed_http_answers_error_json(http: httpx.Client, stub: pb_grpc.GRP
     check_simple(http, stub)
 
 
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _send_header_of(server: Server, size: int) -> bytes:
+    """A health request whose `tracestate` header is `size` bytes, sent at once (as much as the server takes):
+    the whole answer, read until the server closes."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT) as sock:
+        head = f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\ntraceparent: {TRACEPARENT}\r\ntracestate: ".encode()
+        with contextlib.suppress(OSError):  # the server may close before it all went out
+            sock.sendall(head)
+            piece = b"k=" + b"v" * 65534
+            for start in range(0, size, len(piece)):
+                sock.sendall(piece[: size - start])
+            sock.sendall(b"\r\nConnection: close\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return answer
+
+
+def test_a_64_mb_tracestate_is_refused_431_and_memory_stays_flat(
+        server: Server, http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """The request line and headers are bounded (--http-max-header-bytes, 64 KiB by default): beyond, 431 with an
+    error body and the connection closed, having held about the limit and one read: eight 64 MB headers leave
+    the server's RSS where it was (uvicorn alone held each whole, +158 MB)."""
+    assert _send_header_of(server, 60_000).startswith(b"HTTP/1.1 200 ")  # under the limit: served
+    before = server.rss_kib()
+    for size in (70_000, *[64 * 1024 * 1024] * 8):
+        answer = _send_header_of(server, size)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431 "), (size, answer[:300])
+        assert b"content-type: application/json" in head.lower(), head
+        assert json.loads(body) == {"error": "the request line and headers exceed 65536 bytes "
+                                             "(--http-max-header-bytes)"}, body
+    grown = server.rss_kib() - before
+    assert grown < 16 * 1024, f"RSS grew by {grown} KiB"
+    check_simple(http, stub)
+
+
+def test_grpc_metadata_beyond_the_header_limit_is_refused(
+        http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """The same limit bounds a gRPC call's metadata: the call is refused with RESOURCE_EXHAUSTED, and calls
+    within it are served (grpcio's own default would refuse anything over 16 KiB)."""
+    live = stub.ServerLive(pb.ServerLiveRequest(), metadata=[("tracestate", "k=" + "v" * 60_000)], timeout=TIMEOUT)
+    assert live.live
+    for size in (70_000, 8 * 1024 * 1024):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ServerLive(pb.ServerLiveRequest(), metadata=[("tracestate", "k=" + "v" * size)], timeout=TIMEOUT)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    check_simple(http, stub)
+
+
 def test_bad_input_leaves_no_traceback(server: Server) -> None:
     """The server logged no traceback for the client's mistakes (only for the model failures, by design)."""
     log = server.log_text()
@@ -586,7 +640,9 @@ def test_slow_headers_answer_408_and_busy_connections_stay(tmp_path: Path) -> No
     start, or from the first byte of a later request) get 408 with an error body; a keep-alive connection whose
     requests arrive whole is never cut, however long it lives (about 4 s)."""
     with running(build_repository(tmp_path / "models", only=("simple",)), tmp_path,
-                 "--http-header-timeout", "0.5") as server:
+                 "--http-header-timeout", "0.5", "--http-max-header-bytes", "4096") as server:
+        assert _send_header_of(server, 3000).startswith(b"HTTP/1.1 200 ")
+        assert b"exceed 4096 bytes" in _send_header_of(server, 5000)  # the flag sets the limit
         address = ("127.0.0.1", server.http_port)
         with socket.create_connection(address, timeout=TIMEOUT) as sock:  # nothing at all
             assert 0.4 < _timed_out(sock) < TIMEOUT

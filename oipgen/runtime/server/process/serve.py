@@ -188,7 +188,8 @@ async def serve(
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
-                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout),
+                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout,
+                                   settings.http_max_header_bytes),
                 ws="none",
                 server_header=False,
             )
