@@ -162,7 +162,10 @@ async def serve(
             return
         cluster = assembly.dataplane
         if worker is not None and isinstance(cluster, ClusterDataPlane):
-            control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key, loop)
+            control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key)
+            if worker.copy_state:
+                cluster.copied.clear()  # the peers' operations from now on apply after the copy
+            await control.listen()
             if worker.copy_state:
                 await cluster.copy_state_from_peers()
         grpc_port: int | None = None
