@@ -63,6 +63,8 @@ def http_protocol(header_timeout: float, body_timeout: float,
     except ImportError:  # no httptools: uvicorn's h11 protocol as it is
         return "auto"
 
+    feed = HttpToolsProtocol.data_received
+
     class Protocol(HttpToolsProtocol):
         # One timer per connection, not one or two per request (arming and cancelling loop timers on every request
         # is a measurable part of a small request's cost). A request notes when its request line and headers
@@ -131,11 +133,11 @@ def http_protocol(header_timeout: float, body_timeout: float,
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
-            self._read = len(data)
+            read = self._read = len(data)
             if self._waiting is not None:  # a head was pending before this read: it goes on in it
-                self._later += self._read
-            super().data_received(data)
-            if self._waiting is not None and self._later > max_header_bytes and not self._refused:
+                self._later += read
+            feed(self, data)
+            if self._later > max_header_bytes and self._waiting is not None and not self._refused:
                 self._refuse()
 
         def _head_size(self) -> int:
