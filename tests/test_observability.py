@@ -434,6 +434,18 @@ def test_the_separate_metrics_listener_and_the_access_log(metered: Server) -> No
     assert set(separate) == set(served)
 
 
+def test_a_long_request_id_is_cut_in_the_log(metered: Server) -> None:
+    """A client's 1 MB request id is written to the JSON log as its first 256 characters (the access log writes a
+    line per request with it), never whole."""
+    request_id = "L" + secrets.token_hex(500_000)
+    with metered.http_client() as http:
+        answer = http.post("/v2/models/simple/infer", json=simple_body(id=request_id))
+        assert answer.status_code == 200 and answer.json()["id"] == request_id
+    (line,) = access_lines(metered, request_id[:256])
+    assert line["request_id"] == request_id[:256]
+    assert request_id[:300] not in metered.log_text()
+
+
 def test_metrics_off(repository: Path, tmp_path: Path) -> None:
     server = start_server(repository, tmp_path, "--metrics", "off", ready=("simple",))
     try:

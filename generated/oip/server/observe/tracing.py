@@ -77,7 +77,8 @@ _STATE: Final = "otel"  # Timer.state key: the request's `_Traced`, kept after i
 SCOPE: Final = "oip.server"  # the instrumentation scope of the server's spans
 _SPANS: Final = 5  # the spans of a request that is not decoupled: its own and one per phase
 REQUEST_ID_LIMIT: Final = 256
-"""Characters of a request id kept as its span's attribute where no OpenTelemetry attribute length limit is set."""
+"""Characters of a client's request id the server repeats: in a log line, and as a span's attribute where no
+OpenTelemetry attribute length limit is set."""
 MAX_QUEUE_BYTES: Final = 16 * 1024 * 1024
 """Bytes the export queue holds at most (as well as `OTEL_BSP_MAX_QUEUE_SIZE` spans)."""
 _ENTRY_BYTES: Final = 1024  # a queued request's memory but for its request id and error message (ids, phases)
