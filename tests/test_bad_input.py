@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -544,20 +545,26 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _send_header_of(server: Server, size: int) -> bytes:
-    """A health request whose `tracestate` header is `size` bytes, sent at once (as much as the server takes):
-    the whole answer, read until the server closes."""
+    """A health request whose `tracestate` header is `size` bytes, sent at once (as much as the server takes, in a
+    thread): the whole answer, read meanwhile until the server closes."""
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT) as sock:
         head = f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\ntraceparent: {TRACEPARENT}\r\ntracestate: ".encode()
-        with contextlib.suppress(OSError):  # the server may close before it all went out
-            sock.sendall(head)
-            piece = b"k=" + b"v" * 65534
-            for start in range(0, size, len(piece)):
-                sock.sendall(piece[: size - start])
-            sock.sendall(b"\r\nConnection: close\r\n\r\n")
+
+        def send() -> None:
+            with contextlib.suppress(OSError):  # the server may close before it all went out
+                sock.sendall(head)
+                piece = b"k=" + b"v" * 65534
+                for start in range(0, size, len(piece)):
+                    sock.sendall(piece[: size - start])
+                sock.sendall(b"\r\nConnection: close\r\n\r\n")
+
+        sending = threading.Thread(target=send)
+        sending.start()
         answer = b""
         with contextlib.suppress(OSError):
             while chunk := sock.recv(65536):
                 answer += chunk
+        sending.join(TIMEOUT)
         return answer
 
 
