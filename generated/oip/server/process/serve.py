@@ -197,6 +197,7 @@ async def serve(
                 timeout_keep_alive=settings.http_keep_alive_seconds,
                 http=http_protocol(settings.http_header_timeout, settings.http_body_timeout,
                                    settings.http_max_header_bytes),
+                h11_max_incomplete_event_size=settings.http_max_header_bytes,  # without httptools
                 ws="none",
                 server_header=False,
             )

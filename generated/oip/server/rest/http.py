@@ -4,10 +4,9 @@
 # isort: skip_file
 """The HTTP layer under the REST app: uvicorn's httptools protocol, with the server's error body and a header timeout.
 
-Two things happen below the application, where FastAPI never sees the request:
-- A request that is not valid HTTP/1.1 (a broken request line, a bad header, a header section too large): uvicorn
-  answers 400 in plain text. Here the answer is the protocol's `{"error": "..."}` as JSON, and the connection
-  closes, as before.
+What happens below the application, where FastAPI never sees the request:
+- A request that is not valid HTTP/1.1 (a broken request line, a bad header): uvicorn answers 400 in plain text.
+  Here the answer is the protocol's `{"error": "..."}` as JSON, and the connection closes, as before.
 - A request line and header section larger than `max_header_bytes` (counted as the request line, each header's
   name and value and the line ends): uvicorn (httptools) would hold all of it, however large, in memory. Here the
   server answers 431 with an error body as soon as the pending request line and headers are known to exceed the
@@ -28,7 +27,9 @@ Two things happen below the application, where FastAPI never sees the request:
   ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
   (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
 
-Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes.
+Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
+400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
+to the same limit).
 """
 
 from __future__ import annotations

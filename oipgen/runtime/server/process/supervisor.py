@@ -100,8 +100,8 @@ class _Prober(threading.Thread):
             asyncio.run(self._round())
 
     async def _round(self) -> None:
-        paths = {int(index): p for p in self.folder.glob("worker-*.sock")
-                 if (index := p.stem.removeprefix("worker-")).isdigit()}
+        paths = {int(number): p for p in self.folder.glob("worker-*.sock")
+                 if (number := p.stem.removeprefix("worker-")).isdigit()}
         answers = await asyncio.gather(*(ping(path, self.key, _PING_TIMEOUT) for path in paths.values()))
         now = time.monotonic()
         for index, answered in zip(paths, answers, strict=True):
