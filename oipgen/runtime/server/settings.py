@@ -41,6 +41,9 @@ class Settings:
     # otherwise); a request body may pause at most `http_body_timeout` seconds between two pieces (408 and closed
     # otherwise); an idle keep-alive connection closes after `http_keep_alive_seconds`.
     http_header_timeout: float = 10.0
+    # The request line and headers of a REST request, and the metadata of a gRPC call, at most this many bytes
+    # (REST: 431 and closed; gRPC: the call refused with RESOURCE_EXHAUSTED).
+    http_max_header_bytes: int = 64 * 1024
     http_body_timeout: float = 30.0
     http_keep_alive_seconds: int = 5
     # System shared memory: "system" (as Triton) or "off"; keys must start with the prefix when one is set; caps

@@ -125,6 +125,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
                    help="REST: close a connection (408) whose request line and headers take longer "
                         "(default: %(default)s)")
+    p.add_argument("--http-max-header-bytes", type=_positive, default=defaults.http_max_header_bytes, metavar="N",
+                   help="REST: refuse (431, and close the connection) a request line and headers larger than this; "
+                        "gRPC: refuse a call whose metadata is larger (default: %(default)s)")
     p.add_argument("--http-body-timeout", type=_positive_float, default=defaults.http_body_timeout, metavar="S",
                    help="REST: close a connection (408) whose request body pauses longer between two pieces "
                         "(default: %(default)s)")
@@ -189,6 +192,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_buckets=args.metrics_buckets,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
         http_header_timeout=args.http_header_timeout,
+        http_max_header_bytes=args.http_max_header_bytes,
         http_body_timeout=args.http_body_timeout,
         http_keep_alive_seconds=args.http_keep_alive_seconds,
         extensions=args.extensions,

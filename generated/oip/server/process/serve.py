@@ -166,7 +166,10 @@ async def serve(
             return
         cluster = assembly.dataplane
         if worker is not None and isinstance(cluster, ClusterDataPlane):
-            control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key, loop)
+            control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key)
+            if worker.copy_state:
+                cluster.copied.clear()  # the peers' operations from now on apply after the copy
+            await control.listen()
             if worker.copy_state:
                 await cluster.copy_state_from_peers()
         grpc_port: int | None = None
@@ -192,7 +195,9 @@ async def serve(
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
-                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout),
+                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout,
+                                   settings.http_max_header_bytes),
+                h11_max_incomplete_event_size=settings.http_max_header_bytes,  # without httptools
                 ws="none",
                 server_header=False,
             )
