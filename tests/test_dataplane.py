@@ -198,7 +198,12 @@ async def test_model_ready() -> None:
     dp = await plane(AddSub(), Broken("broken"))
     assert (await dp.model_ready(pb.ModelReadyRequest(name="simple"))).ready is True
     assert (await dp.model_ready(pb.ModelReadyRequest(name="simple", version="1"))).ready is True
-    assert (await dp.model_ready(pb.ModelReadyRequest(name="broken"))).ready is False
+    # A model whose load failed: not ready, and the answer says which model and why (REST 503, gRPC UNAVAILABLE).
+    for version in ("", "1"):
+        with pytest.raises(NotReady, match=r"model 'broken' .*failed to load: no weights"):
+            await dp.model_ready(pb.ModelReadyRequest(name="broken", version=version))
+    await dp.repository_model_unload(pb.RepositoryModelUnloadRequest(model_name="broken"))
+    assert (await dp.model_ready(pb.ModelReadyRequest(name="broken"))).ready is False  # unloaded: no failure
     for name, version in (("nope", ""), ("simple", "7"), ("nope", "1")):
         with pytest.raises(NotFound):
             await dp.model_ready(pb.ModelReadyRequest(name=name, version=version))
@@ -485,7 +490,9 @@ async def test_versions_that_fail_are_skipped_by_the_policy() -> None:
     assert await out_value(dp, "multi") == ("2", 2)
     error = await infer_error(dp, request("multi", tensor("IN", "INT32", [0]), version="3"))
     assert isinstance(error, NotReady) and error.kind is ErrorKind.NOT_READY
-    assert (await dp.model_ready(pb.ModelReadyRequest(name="multi", version="3"))).ready is False
+    assert "version 3 is not ready: failed to load: version 3 has no weights" in error.message
+    with pytest.raises(NotReady, match="version 3 has no weights"):
+        await dp.model_ready(pb.ModelReadyRequest(name="multi", version="3"))
     assert (await dp.model_ready(pb.ModelReadyRequest(name="multi"))).ready is True
     index = {(m.version, m.state, m.reason) for m in (await dp.repository_index(pb.RepositoryIndexRequest())).models}
     assert index == {("1", "READY", ""), ("2", "READY", ""), ("3", "UNAVAILABLE", "version 3 has no weights")}
