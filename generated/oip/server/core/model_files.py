@@ -41,14 +41,16 @@ def message_of(exc: BaseException) -> str:
 
 
 def fingerprint(folders: Iterable[Path]) -> tuple[object, ...]:
-    """What changes when any file under `folders` does: every file's path, size, modification time and inode, and
-    the content of the small ones (`model.toml`, python files: an edit within the file system's clock tick shows).
+    """What changes when any file under `folders` does: every folder's path, every file's path, size, modification
+    time and inode, and the content of the small ones (`model.toml`, python files: an edit within the file system's
+    clock tick shows).
     Hidden entries (editors' swap files) and `__pycache__` (written by importing the model) are left out."""
     entries: list[object] = []
     for folder in sorted(folders):
         entries.append(str(folder))
         for root, dirs, files in os.walk(folder):
             dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+            entries.extend(os.path.relpath(os.path.join(root, d), folder) + "/" for d in dirs)  # an empty version
             for name in sorted(f for f in files if not f.startswith(".")):
                 path = os.path.join(root, name)
                 try:

@@ -425,8 +425,9 @@ class ModelRepository:
     async def _stop(self, entry: _Version) -> None:
         entry.wanted = False
         model = entry.model
-        if model is None:  # never loaded ("not loaded"), or failed (its reason stays)
-            entry.state, entry.reason = ModelState.UNAVAILABLE, entry.reason or UNLOADED
+        if model is None:  # never loaded: still "not loaded"; failed: the failure is over, it is unloaded
+            if entry.reason != NOT_LOADED:
+                entry.state, entry.reason, entry.failed = ModelState.UNAVAILABLE, UNLOADED, False
             return
         entry.state, entry.reason = ModelState.UNLOADING, ""
         await self._retire(model)

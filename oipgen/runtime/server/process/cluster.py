@@ -258,7 +258,9 @@ def cluster_dataplane(base: type[DataPlane]) -> type[ClusterDataPlane]:
         return ClusterDataPlane
     if issubclass(base, ClusterDataPlane):
         return base
-    return type(f"Cluster{base.__name__}", (ClusterDataPlane, base), {"__module__": base.__module__})
+    # Named as `base`: what the operator wrote is what the logs and `type(self).__name__` say.
+    names = {"__module__": base.__module__, "__qualname__": base.__qualname__}
+    return type(base.__name__, (ClusterDataPlane, base), names)
 
 
 class ControlServer:
