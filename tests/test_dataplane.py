@@ -686,6 +686,33 @@ async def test_reload_reads_the_model_again_from_disk(tmp_path: Path) -> None:
     assert await out_value(dp, "later") == ("1", 3)
 
 
+async def test_a_request_that_found_an_instance_before_a_reload_runs_on_the_new_one(tmp_path: Path) -> None:
+    """A gRPC thread may find an instance (`get`), then lease it after a reload retired it: it gets the instance
+    that replaced it, never the one being unloaded; an added instance loaded again after an unload leases again."""
+    folder = write_model(tmp_path / "edited", CONSTANT.format(value=1))
+    repository = ModelRepository(tmp_path)
+    await repository.load_all()
+    found = repository.get("edited")
+    (folder / "model.py").write_text(textwrap.dedent(CONSTANT.format(value=2)))
+    await repository.load("edited")
+    leased = repository.acquire(found)
+    try:
+        assert leased is not found and leased is repository.get("edited")
+        assert repository.inflight() == {("edited", "1"): 1}
+    finally:
+        repository.release(leased)
+    model = AddSub()
+    added = ModelRepository()
+    added.add(model)
+    await added.load("simple")
+    await added.unload("simple")
+    with pytest.raises(NotReady, match="'simple' version 1 is not ready: unloaded"):
+        added.acquire(model)
+    await added.load("simple")
+    assert added.acquire(model) is model
+    added.release(model)
+
+
 async def test_concurrent_load_and_unload_of_one_model_do_not_race() -> None:
     events: list[str] = []
     active = 0

@@ -610,10 +610,11 @@ def test_exit_on_error_stops_the_server_at_start_when_a_model_fails(tmp_path: Pa
 
 
 def test_starting_without_a_repository_says_how_to_give_one(tmp_path: Path) -> None:
-    result = run_serve("--http-port", "0", "--grpc-port", "0", cwd=tmp_path)
-    assert result.returncode == 2
-    [line] = result.stderr.strip().splitlines()
-    assert "no models to serve" in line and "--model-repository DIR" in line and "ModelRepository.add" in line
+    for workers in ("1", str(WORKERS)):  # one line, before any worker starts
+        result = run_serve("--http-port", "0", "--grpc-port", "0", "--workers", workers, cwd=tmp_path)
+        assert result.returncode == 2
+        [line] = result.stderr.strip().splitlines()
+        assert "no models to serve" in line and "--model-repository DIR" in line and "ModelRepository.add" in line
     script = textwrap.dedent("""
         import asyncio
         from oip.server import Settings

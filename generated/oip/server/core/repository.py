@@ -522,7 +522,10 @@ class ModelRepository:
         holds it so: `accounting.Inference`). The instance to run: `model`, or the one that replaced it when a
         reload retired it since `get` (a gRPC thread may be that late); NotReady when its version is not ready."""
         while not self._leases.hold(model):
-            model = self.get(model.name, model.version)
+            successor = self.get(model.name, model.version)
+            if successor is model:  # retired yet serving: never spin on it
+                raise NotReady(f"model '{model.name}' version {model.version} is being replaced; try again")
+            model = successor
         return model
 
     def release(self, model: Model) -> None:
