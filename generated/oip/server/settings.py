@@ -20,6 +20,19 @@ class Settings:
     http_port: int = 8000  # 0 picks a free port; None serves no REST
     grpc_port: int | None = 8001  # 0 picks a free port; None serves no gRPC
     model_repository: Path | None = None
+    # Triton's model control (`core.model_control`): "explicit" with `load_model` ("*": every model) is the
+    # default: every model loads at start and load and unload requests are served. "none": every model loads at
+    # start, load and unload requests are refused. "poll": as "none", and the repository is read again every
+    # `repository_poll_secs` seconds: new models load, changed ones reload, removed ones unload. "explicit": the
+    # models named in `load_model` load at start, the others on request.
+    model_control_mode: str = "explicit"
+    load_model: tuple[str, ...] = ("*",)
+    repository_poll_secs: float = 15.0
+    # Readiness (as Triton's --strict-readiness): the server is ready only when every model asked to load is
+    # ready; False: ready whenever it is live. `exit_on_error`: a model that fails to load at start stops the
+    # server (exit 1) rather than leaving it serving the others.
+    strict_readiness: bool = True
+    exit_on_error: bool = False
     server_name: str = "oip"
     server_version: str = GENERATOR_VERSION
     # The REST status of a health answer that says "not ready", and of a NOT_READY error: 503, or 400 as Triton

@@ -142,8 +142,9 @@ class Pipeline:
         checks, observers and errors. The model runs when one of `Settings.model_threads` slots is free (the
         wait is the queue), the slots the event loop's path uses too."""
         timer = Timer(request.id, request.trace, request.transport)
-        model = self.repository.get(request.model_name, request.model_version)
-        with Inference(self.repository, self.observers, model, timer) as run:
+        with Inference(self.repository, self.observers, self.repository.get(request.model_name, request.model_version),
+                       timer) as run:
+            model = run.model  # in this thread, a reload may have replaced the instance `get` found
             prepared = self.prepare(model, request)
             with self.shared_memory.using(prepared.placements) as regions:
                 timer.enter(QUEUE)

@@ -184,7 +184,7 @@ class UnaryInfer:
             slots.take()
             try:
                 run.started = time.perf_counter_ns()
-                result = call_in_thread(plan.model, arrays, {})
+                result = call_in_thread(run.model, arrays, {})  # `plan.model`, or what a reload put in its place
                 run.ended = time.perf_counter_ns()
             finally:
                 slots.give(None)

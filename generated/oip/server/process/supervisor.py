@@ -69,9 +69,10 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _reserve(host: str, port: int) -> socket.socket:
-    """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too."""
-    return bound_socket(host, port, reuse_port=True)
+def _reserve(host: str, port: int, what: str) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too
+    (OSError naming `what` it is for, the host and the port when it cannot)."""
+    return bound_socket(host, port, reuse_port=True, what=what)
 
 
 def _die_with_parent() -> None:
@@ -245,13 +246,13 @@ class _Supervisor:
         try:
             http = grpc = None
             if self.args.http_port is not None:
-                reserved.append(_reserve(settings_host, self.args.http_port))
+                reserved.append(_reserve(settings_host, self.args.http_port, "REST"))
                 http = self.args.http_port = int(reserved[-1].getsockname()[1])
             if self.args.grpc_port is not None:
-                reserved.append(_reserve(settings_host, self.args.grpc_port))
+                reserved.append(_reserve(settings_host, self.args.grpc_port, "gRPC"))
                 grpc = self.args.grpc_port = int(reserved[-1].getsockname()[1])
             if getattr(self.args, "metrics", "on") == "on" and getattr(self.args, "metrics_port", None) is not None:
-                reserved.append(_reserve(settings_host, self.args.metrics_port))
+                reserved.append(_reserve(settings_host, self.args.metrics_port, "metrics"))
                 self.metrics_port = self.args.metrics_port = int(reserved[-1].getsockname()[1])
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self.signals)

@@ -9,6 +9,11 @@ may reach any worker. Inference needs no coordination; the control plane does:
 - Statistics and metrics answer the sum over the workers.
 - A worker restarted after a crash copies the others' state (loaded and unloaded models, registered regions)
   before it listens.
+- In poll mode (`--model-control-mode poll`) worker 0 alone keeps the time: at each poll it reads the repository
+  and applies the changes, then has every other worker do the same (`sync_everywhere`), each against its own
+  models, so every worker ends the poll with the models of the repository as it is.
+- A data plane of one's own (`serve --dataplane`) serves in every worker: `cluster_dataplane` makes the class
+  that adds this to it.
 
 Workers reach each other over Unix sockets in a private folder made by the supervisor (`supervisor`), one per
 worker (`worker-<i>.sock`, mode 0600; the folder is mode 0700). A call is one connection: both ends prove they
@@ -56,7 +61,8 @@ from ..observe.metrics import Metric, from_json, merge, to_json
 from ..observe.observing import Observing
 from ..settings import Settings
 
-__all__ = ["ClusterDataPlane", "ControlServer", "Peers", "WorkerRole", "merge_statistics", "missed_path", "ping",
+__all__ = ["ClusterDataPlane", "ControlServer", "Peers", "WorkerRole", "cluster_dataplane", "merge_statistics",
+           "missed_path", "ping",
            "socket_path"]
 
 log = logging.getLogger(__name__)
@@ -83,7 +89,11 @@ _OPERATIONS: Final[dict[str, tuple[type[Message], type[Message]]]] = {
     "system_shared_memory_status": (pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse),
     "model_statistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
     "repository_index": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    "repository_sync": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),  # a poll (`_SYNC`)
 }
+# The operation of poll mode: read the repository and apply its changes (no data plane operation: load and
+# unload requests are refused in poll mode); the answer is the worker's index after it.
+_SYNC: Final = "repository_sync"
 
 
 # Operations whose answer is not a protobuf message: the worker's metric families, as JSON; a ping (the worker's
@@ -93,10 +103,10 @@ _PING: Final = "ping"
 # Operations that change a worker's state: applied after the copy of a restarted worker's state, reported to the
 # supervisor when they did not reach a peer that is up, and never skipped for a peer that was silent before.
 _CHANGES: Final = frozenset({"repository_model_load", "repository_model_unload", "system_shared_memory_register",
-                             "system_shared_memory_unregister"})
+                             "system_shared_memory_unregister", _SYNC})
 # Operations that copy a worker's state: a worker still copying its own sends the caller to another.
 _COPIES: Final = frozenset({"repository_index", "system_shared_memory_status"})
-_LONG: Final = frozenset({"repository_model_load", "repository_model_unload"})
+_LONG: Final = frozenset({"repository_model_load", "repository_model_unload", _SYNC})
 
 
 @dataclass(frozen=True)
@@ -296,9 +306,24 @@ class ClusterDataPlane(DataPlane):
         self.copied.set()
 
     def local(self, operation: str) -> Callable[[Any], Coroutine[Any, Any, Message]]:
-        """The operation as this worker alone runs it (what a peer asks for)."""
-        method: Callable[[Any], Coroutine[Any, Any, Message]] = getattr(DataPlane, operation).__get__(self)
+        """The operation as this worker alone runs it (what a peer asks for): the data plane's own (a subclass's,
+        `cluster_dataplane`, when it has one)."""
+        if operation == _SYNC:
+            return self._sync_here
+        method: Callable[[Any], Coroutine[Any, Any, Message]] = getattr(super(), operation)
         return method
+
+    async def sync_everywhere(self) -> list[str]:
+        """A poll of the repository in this worker, then in every other one (`ModelRepository.sync`); what
+        changed here, one line per model."""
+        done = await self.repository.sync()
+        await self.peers.call_all(_SYNC, pb.RepositoryIndexRequest())
+        return done
+
+    async def _sync_here(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        for change in await self.repository.sync():
+            log.info("repository poll: %s", change)
+        return await DataPlane.repository_index(self, request)
 
     async def _everywhere(self, operation: str, request: Any) -> Any:
         answer = await self.local(operation)(request)
@@ -369,6 +394,18 @@ class ClusterDataPlane(DataPlane):
                     log.warning("shared memory region %r not copied: %s", region.name, exc)
         log.info("copied the state of a running worker: %d ready model(s), %d region(s)",
                  len(ready), len(status.regions) if isinstance(status, pb.SystemSharedMemoryStatusResponse) else 0)
+
+
+def cluster_dataplane(base: type[DataPlane]) -> type[ClusterDataPlane]:
+    """The data plane class of a worker whose data plane is `base` (`DataPlane` or a subclass): `base`'s
+    operations, with the control plane reaching the other workers (made with `ClusterDataPlane`'s arguments)."""
+    if base is DataPlane:
+        return ClusterDataPlane
+    if issubclass(base, ClusterDataPlane):
+        return base
+    # Named as `base`: what the operator wrote is what the logs and `type(self).__name__` say.
+    names = {"__module__": base.__module__, "__qualname__": base.__qualname__}
+    return type(base.__name__, (ClusterDataPlane, base), names)
 
 
 class ControlServer:
