@@ -133,6 +133,27 @@ def _comments(file: descriptor_pb2.FileDescriptorProto) -> dict[tuple[int, ...],
     return docs
 
 
+# grpcio-tools prints the comments of services and RPCs into `*_pb2_grpc.py` as docstrings, as they are: a `"""`
+# there would end the docstring and make the rest of the comment code, and a backslash starts an escape sequence.
+_DOCSTRING_BREAKERS = ('"""', "\\")
+
+
+def _check_printed_comments(spec_dir: Path, file: descriptor_pb2.FileDescriptorProto, problems: Problems) -> None:
+    """Refuse the comments of services and RPCs that would not stay a docstring in the generated stubs."""
+    for loc in file.source_code_info.location:
+        path = tuple(loc.path)
+        if not path or path[0] != _FILE_SERVICES or len(path) not in (2, 4):
+            continue
+        for text in (loc.leading_comments, loc.trailing_comments, *loc.leading_detached_comments):
+            found = [b for b in _DOCSTRING_BREAKERS if b in text]
+            if found:
+                line = loc.span[0] + 1 if loc.span else 0
+                problems.add(str(spec_dir / file.name), f"line {line}",
+                             f"a comment of a service or RPC holds {' and '.join(map(repr, found))}: it becomes a "
+                             "docstring of the generated stubs, where that would end the docstring or start an "
+                             "escape sequence")
+
+
 class _FileWalker:
     """Turns one file's descriptors into API-model messages and enums."""
 
@@ -206,6 +227,7 @@ def _walk(
     rpcs: list[Rpc] = []
     services: list[tuple[str, str]] = []
     for file in files:
+        _check_printed_comments(spec_dir, file, problems)
         walker = _FileWalker(spec_dir, file, package, map_entries, problems)
         for i, m in enumerate(file.message_type):
             walker.message(m, "", (_FILE_MESSAGES, i))

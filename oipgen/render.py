@@ -25,6 +25,13 @@ def steers_lines(value: str) -> bool:
     return any(c in LINE_BREAKS or unicodedata.category(c) in _STEERING for c in value)
 
 
+def docstring_text(value: str) -> str:
+    """`value` (text of the spec: a summary, a comment) as the body of a generated triple-quoted docstring: a
+    backslash or a quote cannot end it or start an escape sequence, and a control character shows as its escape."""
+    out = value.replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(c if c == "\n" or not steers_lines(c) else repr(c)[1:-1] for c in out)
+
+
 def builtin_templates() -> Path:
     """The built-in templates: `templates/` of the source tree, or the copy packaged inside an installed wheel."""
     here = Path(__file__).resolve().parent
@@ -63,6 +70,7 @@ class Renderer:
             autoescape=False,
         )
         self.env.filters["pyrepr"] = repr
+        self.env.filters["docstring"] = docstring_text
         self.context = context
         self.override = override
 

@@ -262,10 +262,12 @@ def server_env(package_dir: Path = GENERATED) -> dict[str, str]:
 
 
 def start_server(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED,
-                 ready: Iterable[str] = (), python: Path | str = sys.executable) -> Server:
-    """`python -m oip serve` over `repository` with `options`, on 127.0.0.1 and ephemeral ports, in `workdir` (which
-    gets the ports file and the log, server.log). Waits, within START_TIMEOUT in all, until both transports listen
-    and every model named in `ready` is ready; otherwise kills the server and fails with its log."""
+                 ready: Iterable[str] = (), python: Path | str = sys.executable,
+                 env: dict[str, str] | None = None) -> Server:
+    """`python -m oip serve` over `repository` with `options` (and the environment variables `env`), on 127.0.0.1
+    and ephemeral ports, in `workdir` (which gets the ports file and the log, server.log). Waits, within
+    START_TIMEOUT in all, until both transports listen and every model named in `ready` is ready; otherwise kills
+    the server and fails with its log."""
     workdir.mkdir(parents=True, exist_ok=True)
     ports_file = workdir / "ports.json"
     ports_file.unlink(missing_ok=True)
@@ -274,7 +276,7 @@ def start_server(repository: Path, workdir: Path, *options: str, package_dir: Pa
             "--http-port", "0", "--grpc-port", "0", "--ports-file", str(ports_file), *options]
     with log.open("wb") as sink:
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, cwd=workdir,
-                                   env={**server_env(package_dir), "PYTHONUNBUFFERED": "1"})
+                                   env={**server_env(package_dir), "PYTHONUNBUFFERED": "1", **(env or {})})
     server = Server(process, 0, 0, log, repository)
     deadline = time.monotonic() + START_TIMEOUT
     try:

@@ -4,8 +4,10 @@ server stays up: after each one it is live and answers a correct inference over 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,6 +262,45 @@ def test_rest(http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub, method
     check_simple(http, stub)
 
 
+# JSON that Python's own parser reads and RFC 8259 does not: each in a key every route reads (`id`).
+NOT_RFC_8259 = {
+    "nan": b'{"id": NaN}',
+    "infinity": b'{"id": -Infinity}',
+    "overflow": b'{"id": 1e400}',
+    "lone_surrogate": b'{"id": "\\ud800"}',
+}
+
+
+def routes_with_json_bodies() -> list[str]:
+    """Every route of the REST app that reads a JSON body, its path variables filled with what this server has."""
+    from oip.server.rest import ENDPOINTS, REST_ONLY_ENDPOINTS
+
+    names = {"model_name": "simple", "model_version": "1", "region_name": "r"}
+    return [e.path.format(**names) for e in (*ENDPOINTS, *REST_ONLY_ENDPOINTS)
+            if getattr(e, "body", "generate") is not None]
+
+
+@pytest.mark.parametrize("body", list(NOT_RFC_8259.values()), ids=list(NOT_RFC_8259))
+def test_every_json_body_is_read_as_rfc_8259_and_refused_400_alike(http: httpx.Client, body: bytes) -> None:
+    """One strict JSON parser for every route (generate and generate_stream included): NaN, Infinity, a number
+    that overflows a double and a lone surrogate are 400 "not valid JSON", never a value a model or an answer
+    sees."""
+    paths = routes_with_json_bodies()
+    assert any(p.endswith("/generate_stream") for p in paths) and any(p.endswith("/infer") for p in paths)
+    for path in paths:
+        answer = http.post(path, content=body)
+        assert answer.status_code == 400, (path, answer.status_code, answer.text)
+        assert "is not valid JSON" in assert_error_body(answer, 400), (path, answer.text)
+
+
+def test_generate_still_refuses_a_repeated_key(http: httpx.Client) -> None:
+    for path in ("/v2/models/simple/generate", "/v2/models/simple/generate_stream"):
+        message = assert_error_body(http.post(path, content=b'{"id": "a", "x": {"k": 1, "k": 2}}'), 400)
+        assert message == "key 'k' appears more than once in the request body", message
+        message = assert_error_body(http.post(path, content=b"[" * 1024 + b"]" * 1024), 400)
+        assert "nested too deeply" in message or "must be a JSON object" in message, message
+
+
 # --- gRPC ---------------------------------------------------------------------------------------------------------
 
 
@@ -500,6 +541,65 @@ def test_malformed_http_answers_error_json(http: httpx.Client, stub: pb_grpc.GRP
     check_simple(http, stub)
 
 
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _send_header_of(server: Server, size: int) -> bytes:
+    """A health request whose `tracestate` header is `size` bytes, sent at once (as much as the server takes, in a
+    thread): the whole answer, read meanwhile until the server closes."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT) as sock:
+        head = f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\ntraceparent: {TRACEPARENT}\r\ntracestate: ".encode()
+
+        def send() -> None:
+            with contextlib.suppress(OSError):  # the server may close before it all went out
+                sock.sendall(head)
+                piece = b"k=" + b"v" * 65534
+                for start in range(0, size, len(piece)):
+                    sock.sendall(piece[: size - start])
+                sock.sendall(b"\r\nConnection: close\r\n\r\n")
+
+        sending = threading.Thread(target=send)
+        sending.start()
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+        sending.join(TIMEOUT)
+        return answer
+
+
+def test_a_64_mb_tracestate_is_refused_431_and_memory_stays_flat(
+        server: Server, http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """The request line and headers are bounded (--http-max-header-bytes, 64 KiB by default): beyond, 431 with an
+    error body and the connection closed, having held about the limit and one read: eight 64 MB headers leave
+    the server's RSS where it was (uvicorn alone held each whole, +158 MB)."""
+    assert _send_header_of(server, 60_000).startswith(b"HTTP/1.1 200 ")  # under the limit: served
+    before = server.rss_kib()
+    for size in (70_000, *[64 * 1024 * 1024] * 8):
+        answer = _send_header_of(server, size)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431 "), (size, answer[:300])
+        assert b"content-type: application/json" in head.lower(), head
+        assert json.loads(body) == {"error": "the request line and headers exceed 65536 bytes "
+                                             "(--http-max-header-bytes)"}, body
+    grown = server.rss_kib() - before
+    assert grown < 16 * 1024, f"RSS grew by {grown} KiB"
+    check_simple(http, stub)
+
+
+def test_grpc_metadata_beyond_the_header_limit_is_refused(
+        http: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """The same limit bounds a gRPC call's metadata: the call is refused with RESOURCE_EXHAUSTED, and calls
+    within it are served (grpcio's own default would refuse anything over 16 KiB)."""
+    live = stub.ServerLive(pb.ServerLiveRequest(), metadata=[("tracestate", "k=" + "v" * 60_000)], timeout=TIMEOUT)
+    assert live.live
+    for size in (70_000, 8 * 1024 * 1024):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ServerLive(pb.ServerLiveRequest(), metadata=[("tracestate", "k=" + "v" * size)], timeout=TIMEOUT)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    check_simple(http, stub)
+
+
 def test_bad_input_leaves_no_traceback(server: Server) -> None:
     """The server logged no traceback for the client's mistakes (only for the model failures, by design)."""
     log = server.log_text()
@@ -547,7 +647,9 @@ def test_slow_headers_answer_408_and_busy_connections_stay(tmp_path: Path) -> No
     start, or from the first byte of a later request) get 408 with an error body; a keep-alive connection whose
     requests arrive whole is never cut, however long it lives (about 4 s)."""
     with running(build_repository(tmp_path / "models", only=("simple",)), tmp_path,
-                 "--http-header-timeout", "0.5") as server:
+                 "--http-header-timeout", "0.5", "--http-max-header-bytes", "4096") as server:
+        assert _send_header_of(server, 3000).startswith(b"HTTP/1.1 200 ")
+        assert b"exceed 4096 bytes" in _send_header_of(server, 5000)  # the flag sets the limit
         address = ("127.0.0.1", server.http_port)
         with socket.create_connection(address, timeout=TIMEOUT) as sock:  # nothing at all
             assert 0.4 < _timed_out(sock) < TIMEOUT

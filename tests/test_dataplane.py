@@ -198,7 +198,12 @@ async def test_model_ready() -> None:
     dp = await plane(AddSub(), Broken("broken"))
     assert (await dp.model_ready(pb.ModelReadyRequest(name="simple"))).ready is True
     assert (await dp.model_ready(pb.ModelReadyRequest(name="simple", version="1"))).ready is True
-    assert (await dp.model_ready(pb.ModelReadyRequest(name="broken"))).ready is False
+    # A model whose load failed: not ready, and the answer says which model and why (REST 503, gRPC UNAVAILABLE).
+    for version in ("", "1"):
+        with pytest.raises(NotReady, match=r"model 'broken' .*failed to load: no weights"):
+            await dp.model_ready(pb.ModelReadyRequest(name="broken", version=version))
+    await dp.repository_model_unload(pb.RepositoryModelUnloadRequest(model_name="broken"))
+    assert (await dp.model_ready(pb.ModelReadyRequest(name="broken"))).ready is False  # unloaded: no failure
     for name, version in (("nope", ""), ("simple", "7"), ("nope", "1")):
         with pytest.raises(NotFound):
             await dp.model_ready(pb.ModelReadyRequest(name=name, version=version))
@@ -485,7 +490,9 @@ async def test_versions_that_fail_are_skipped_by_the_policy() -> None:
     assert await out_value(dp, "multi") == ("2", 2)
     error = await infer_error(dp, request("multi", tensor("IN", "INT32", [0]), version="3"))
     assert isinstance(error, NotReady) and error.kind is ErrorKind.NOT_READY
-    assert (await dp.model_ready(pb.ModelReadyRequest(name="multi", version="3"))).ready is False
+    assert "version 3 is not ready: failed to load: version 3 has no weights" in error.message
+    with pytest.raises(NotReady, match="version 3 has no weights"):
+        await dp.model_ready(pb.ModelReadyRequest(name="multi", version="3"))
     assert (await dp.model_ready(pb.ModelReadyRequest(name="multi"))).ready is True
     index = {(m.version, m.state, m.reason) for m in (await dp.repository_index(pb.RepositoryIndexRequest())).models}
     assert index == {("1", "READY", ""), ("2", "READY", ""), ("3", "UNAVAILABLE", "version 3 has no weights")}
@@ -677,6 +684,33 @@ async def test_reload_reads_the_model_again_from_disk(tmp_path: Path) -> None:
     write_model(tmp_path / "later", CONSTANT.format(value=3))  # appears after the start: load finds it
     await dp.repository_model_load(pb.RepositoryModelLoadRequest(model_name="later"))
     assert await out_value(dp, "later") == ("1", 3)
+
+
+async def test_a_request_that_found_an_instance_before_a_reload_runs_on_the_new_one(tmp_path: Path) -> None:
+    """A gRPC thread may find an instance (`get`), then lease it after a reload retired it: it gets the instance
+    that replaced it, never the one being unloaded; an added instance loaded again after an unload leases again."""
+    folder = write_model(tmp_path / "edited", CONSTANT.format(value=1))
+    repository = ModelRepository(tmp_path)
+    await repository.load_all()
+    found = repository.get("edited")
+    (folder / "model.py").write_text(textwrap.dedent(CONSTANT.format(value=2)))
+    await repository.load("edited")
+    leased = repository.acquire(found)
+    try:
+        assert leased is not found and leased is repository.get("edited")
+        assert repository.inflight() == {("edited", "1"): 1}
+    finally:
+        repository.release(leased)
+    model = AddSub()
+    added = ModelRepository()
+    added.add(model)
+    await added.load("simple")
+    await added.unload("simple")
+    with pytest.raises(NotReady, match="'simple' version 1 is not ready: unloaded"):
+        added.acquire(model)
+    await added.load("simple")
+    assert added.acquire(model) is model
+    added.release(model)
 
 
 async def test_concurrent_load_and_unload_of_one_model_do_not_race() -> None:

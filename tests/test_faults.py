@@ -46,11 +46,13 @@ from serving import (
     assert_error_body,
     build_repository,
     check_simple,
+    running,
     start_server,
 )
 
 sys.path.insert(0, str(ROOT / "bench"))
 import faults
+import streams
 from loadgen import reset_peak
 
 pytestmark = pytest.mark.faults
@@ -373,6 +375,95 @@ def test_fifty_concurrent_streams(server: Server) -> None:
     report("50 concurrent streams of 100 requests", {"seconds": round(time.monotonic() - began, 2)})
     assert sorted(results) == list(range(50))
     assert all(answers == list(range(100)) for answers in results.values()), results
+
+
+# --- large REST streams (generate_stream) -----------------------------------------------------------------------
+
+STREAM_GRACE = 3.0
+
+# Decoupled, an async generator that never awaits: counts up to `count` (a request parameter), one response per
+# number; when its generator is closed or ends, writes `closed-<numbers sent>` into its folder.
+COUNTER = '''
+from pathlib import Path
+
+import numpy as np
+
+from oip.server.model import Model, TensorSpec
+
+
+class Counter(Model):
+    inputs = [TensorSpec("START", "INT64", [1])]
+    outputs = [TensorSpec("N", "INT64", [1])]
+    decoupled = True
+
+    async def infer(self, inputs, parameters):
+        sent = 0
+        try:
+            for n in range(int(inputs["START"][0]), int(parameters["count"])):
+                yield {"N": np.array([n], dtype=np.int64)}
+                sent += 1
+        finally:
+            (Path(self.path) / f"closed-{sent}").write_text("")
+'''
+
+
+def test_fifty_large_streams_leave_the_server_live_and_sigterm_stops_it_within_its_grace(tmp_path: Path) -> None:
+    """50 clients read 500,000-word streams of `text_stream` (a model that never awaits) as fast as they can:
+    all 50 begin, the server keeps answering /v2/health/live while every stream still runs (each yields the event
+    loop after each event), and SIGTERM stops it within --graceful-shutdown-seconds, the streams cut."""
+    models = repository(tmp_path / "models")
+    shutil.copytree(ROOT / "examples" / "models" / "text_stream", models / "text_stream")
+    server = start_server(models, tmp_path / "run", "--graceful-shutdown-seconds", str(STREAM_GRACE),
+                          ready=("text_stream",))
+    try:
+        rest = f"127.0.0.1:{server.http_port}"
+        with streams.streaming(rest, 50, 500_000) as readers:
+            deadline = time.monotonic() + 60
+            while not all(readers.events):  # every stream has begun: the requests' reading and splitting is done
+                assert time.monotonic() < deadline, readers.events
+                time.sleep(0.05)
+            latencies, unanswered = streams.probe(rest, 3.0)
+            running = sum(not ended for ended in readers.ended)
+            events = sum(readers.events)
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            code = server.process.wait(timeout=STREAM_GRACE + 15)
+            exited = time.monotonic() - signalled
+    finally:
+        server.kill()
+    ordered = sorted(latencies)
+    report("50 streams of 500,000 words", {
+        "probes": len(latencies), "probe_ms_p50": round(ordered[len(ordered) // 2] * 1000, 1) if ordered else None,
+        "probe_ms_max": round(ordered[-1] * 1000, 1) if ordered else None, "events": events,
+        "exit_after_s": round(exited, 2)})
+    assert not unanswered and len(latencies) >= 10, (len(latencies), server.log_tail())
+    assert running == 50, running  # the probes were answered while all 50 streamed
+    assert code == 0, server.log_text()
+    assert exited < STREAM_GRACE + 5, exited
+
+
+def test_a_client_gone_mid_stream_closes_the_models_generator(tmp_path: Path) -> None:
+    """A client that goes away after the first event of a 10,000,000-response stream (from a model that never
+    awaits): the server notices at once and closes the model's generator, far from its end."""
+    models = repository(tmp_path / "models")
+    (models / "counter").mkdir()
+    (models / "counter" / "model.toml").write_text('class = "model:Counter"\ndecoupled = true\n')
+    (models / "counter" / "model.py").write_text(COUNTER)
+    with running(models, tmp_path / "run", ready=("counter",)) as server:
+        with server.http_client() as http, http.stream(
+                "POST", "/v2/models/counter/generate_stream", json={"START": 0, "count": 10_000_000}) as answer:
+            assert answer.status_code == 200
+            first = next(answer.iter_lines())
+        assert first == 'data: {"model_name":"counter","model_version":"1","N":0}', first
+        deadline = time.monotonic() + TIMEOUT
+        while not (closed := list((models / "counter").glob("closed-*"))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert closed, "the model's generator was not closed"
+        sent = int(closed[0].name.split("-")[1])
+        report("client gone mid-stream", {"responses_made": sent})
+        assert sent < 1_000_000, sent
+        with server.http_client() as http:
+            assert http.get("/v2/health/live").json() == {"live": True}
 
 
 # --- SIGTERM with slow requests in flight ---------------------------------------------------------------------------

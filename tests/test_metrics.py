@@ -114,6 +114,25 @@ def test_a_loaded_model_has_its_samples_before_it_serves() -> None:
     assert "_total" not in text.split("# HELP oip_requests_total")[0]  # Triton's counters keep Triton's names
 
 
+def test_a_label_value_holding_a_help_line_is_served_as_it_is() -> None:
+    """Triton's counters are renamed on their HELP and TYPE lines only: a model named like a comment line keeps
+    its name as a label value, and every family keeps one HELP and one TYPE line under Triton's name."""
+    odd = Gate()
+    odd.name = "# HELP nv_inference_count_total a model"
+    repository = ModelRepository()
+    repository.add(Gate())
+    repository.add(odd)
+    asyncio.run(repository.load_all())
+    dp = DataPlane(repository, Settings())
+    assert dp.metrics is not None
+    text = render(dp.metrics.families()).decode()
+    types, served = exposition(text)
+    assert served["nv_inference_count"] == {KEY: 0, (("model", odd.name), ("version", "1")): 0}
+    for name in ("nv_inference_count", "nv_inference_request_success", "nv_inference_request_failure"):
+        assert types[name] == "counter" and text.count(f"\n# HELP {name} ") == 1, name
+        assert not re.search(f"^# (HELP|TYPE) {name}_total", text, re.MULTILINE), name
+
+
 @pytest.mark.parametrize("model_threads", [1, 4])  # queued for a model thread, or running
 def test_pending_counts_the_requests_in_flight(model_threads: int) -> None:
     gate = Gate()
@@ -230,7 +249,7 @@ def test_the_served_text_has_every_sample_with_its_value() -> None:
     gate.open.set()
     buckets = (0.5, 30.0)  # a request here takes well under 0.5 s: every success in the first bucket
     dp = plane(gate, metrics_buckets=buckets)
-    app = create_app(dp, dp.settings)
+    app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
     async def main() -> tuple[list[int], httpx.Response]:
         transport = httpx.ASGITransport(app=app)

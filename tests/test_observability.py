@@ -434,6 +434,18 @@ def test_the_separate_metrics_listener_and_the_access_log(metered: Server) -> No
     assert set(separate) == set(served)
 
 
+def test_a_long_request_id_is_cut_in_the_log(metered: Server) -> None:
+    """A client's 1 MB request id is written to the JSON log as its first 256 characters (the access log writes a
+    line per request with it), never whole."""
+    request_id = "L" + secrets.token_hex(500_000)
+    with metered.http_client() as http:
+        answer = http.post("/v2/models/simple/infer", json=simple_body(id=request_id))
+        assert answer.status_code == 200 and answer.json()["id"] == request_id
+    (line,) = access_lines(metered, request_id[:256])
+    assert line["request_id"] == request_id[:256]
+    assert request_id[:300] not in metered.log_text()
+
+
 def test_metrics_off(repository: Path, tmp_path: Path) -> None:
     server = start_server(repository, tmp_path, "--metrics", "off", ready=("simple",))
     try:
@@ -449,10 +461,10 @@ def test_metrics_off(repository: Path, tmp_path: Path) -> None:
 
 def traced_server(repository: Path, workdir: Path, endpoint: str, protocol: str, sampler: str = "parentbased_always_on",
                   ratio: str = "", ready: tuple[str, ...] = ("simple",), options: tuple[str, ...] = (),
-                  exporter: str | None = "otlp") -> Server:
-    """A server with the OpenTelemetry environment pointing at `endpoint`; `exporter` None leaves
-    OTEL_TRACES_EXPORTER unset (everything else set)."""
-    env: dict[str, str | None] = {
+                  exporter: str | None = "otlp", extra: dict[str, str] | None = None) -> Server:
+    """A server with the OpenTelemetry environment pointing at `endpoint` (and the `extra` variables); `exporter`
+    None leaves OTEL_TRACES_EXPORTER unset (everything else set)."""
+    env: dict[str, str | None] = {**(extra or {}),
         "OTEL_TRACES_EXPORTER": exporter, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         "OTEL_SERVICE_NAME": "oip-under-test",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces" if protocol != "grpc" else endpoint,
@@ -564,6 +576,93 @@ def test_a_collector_that_is_down_holds_neither_the_requests_nor_the_stop(protoc
     lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
     assert any(x["logger"] == "oip.server.observe.tracing" and "traced request(s) dropped" in x["message"]
                for x in lines), log
+
+
+# (extra environment, the characters of a request id kept as its span's attribute)
+ATTRIBUTE_LIMITS = {
+    "default": ({}, 256),
+    "general": ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "40"}, 40),
+    "span_first": ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "12", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "40"}, 12),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTRIBUTE_LIMITS))
+def test_span_attributes_honour_the_attribute_length_limits_and_a_long_id_is_cut(
+        case: str, repository: Path, tmp_path: Path, http_receiver: tuple[Receiver, str]) -> None:
+    """A client's 100 kB request id is cut to OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, else to
+    OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT, else to 256 characters in the exported span (the answer still echoes it
+    whole)."""
+    extra, kept = ATTRIBUTE_LIMITS[case]
+    receiver, endpoint = http_receiver
+    server = traced_server(repository, tmp_path, endpoint, "http/protobuf", extra=extra)
+    try:
+        trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+        request_id = "".join(secrets.choice("abcdef") for _ in range(100_000))
+        with server.http_client() as http:
+            answer = http.post("/v2/models/simple/infer", json=simple_body(id=request_id),
+                               headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+            assert answer.status_code == 200 and answer.json()["id"] == request_id
+        request = next(s for s in receiver.trace(trace_id, 5) if s["name"] == "ModelInfer simple")
+        assert request["attributes"]["request_id"] == request_id[:kept]
+        assert request["attributes"]["model_name"] == "simple"[:kept]
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+@pytest.mark.parametrize("case", ["default", "no_id_limit"])
+def test_a_silent_collector_and_10_mb_request_ids_cost_bounded_memory(
+        case: str, repository: Path, tmp_path: Path) -> None:
+    """A collector that accepts and never answers, and 40 requests each with a 10 MB id: what waits for export
+    is bounded (ids cut to 256 characters; with a limit that keeps them whole, the queue's 16 MiB), so the server's
+    RSS grows by far less than the 400 MB the ids make (it kept them all before)."""
+    extra = {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": str(20 * 1024 * 1024)} if case == "no_id_limit" else {}
+    with socket.socket() as collector_socket:
+        collector_socket.bind(("127.0.0.1", 0))
+        collector_socket.listen(64)  # the kernel completes the connections; nobody reads or answers
+        endpoint = f"http://127.0.0.1:{collector_socket.getsockname()[1]}"
+        server = traced_server(repository, tmp_path, endpoint, "http/protobuf", extra=extra,
+                               options=("--graceful-shutdown-seconds", "2"))
+        try:
+            body = json.dumps(simple_body(id="x" * 10_000_000)).encode()
+            start = body.index(b'"xxxx')
+            with server.http_client() as http:
+                for i in range(43):  # the first three: the allocator's arenas and the exporter's connection warm up
+                    if i == 3:
+                        before = server.rss_kib()
+                    one = body[:start + 1] + f"{i:02d}".encode() + body[start + 3:]  # a new id each time
+                    assert http.post("/v2/models/simple/infer", content=one).status_code == 200
+            grown = server.rss_kib() - before
+        finally:
+            assert server.stop() == 0, server.log_text()
+    assert grown < 120 * 1024, f"RSS grew by {grown} KiB"
+
+
+def test_invalid_trace_contexts_log_no_client_text(repository: Path, tmp_path: Path,
+                                                    http_receiver: tuple[Receiver, str]) -> None:
+    """A tracestate with invalid members, or a traceparent too long, is ignored (W3C Trace Context); the
+    OpenTelemetry API's warning about each (quoting the caller's text) never reaches the log: 300 such requests
+    leave a line counting them (at most one a minute, and one at the stop), and the request is still traced in the
+    caller's trace."""
+    receiver, endpoint = http_receiver
+    server = traced_server(repository, tmp_path, endpoint, "http/protobuf")
+    marker = secrets.token_hex(8)
+    try:
+        trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+        with server.http_client() as http:
+            for i in range(300):
+                headers = {"traceparent": f"00-{trace_id}-{parent}-01", "tracestate": f"ok=1,{marker}!{i}=bad value"}
+                if i % 3 == 2:
+                    headers = {"traceparent": f"00-{trace_id}-{parent}-01-{marker}" + "x" * 600}
+                assert http.post("/v2/models/simple/infer", json=simple_body(), headers=headers).status_code == 200
+        assert len(receiver.trace(trace_id, 5 * 200)) >= 5 * 200  # the valid traceparents still joined the trace
+    finally:
+        assert server.stop() == 0, server.log_text()
+    log = server.log_text()
+    assert marker not in log, log[-3000:]
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    assert not [x for x in lines if x["logger"].startswith("opentelemetry")], log[-3000:]
+    counted = [x for x in lines if "caller trace context(s)" in x["message"]]
+    assert 1 <= len(counted) <= 2 and sum(int(x["message"].split()[0]) for x in counted) == 300, counted
 
 
 def test_only_inference_requests_are_spans(repository: Path, tmp_path: Path,

@@ -336,19 +336,23 @@ def test_health_bodies(http: httpx.Client) -> None:
 def check_not_ready(server: Server, status: int) -> None:
     with server.clients() as (http, stub):
         assert http.get("/v2/health/live").json() == {"live": True}
-        # `broken` failed to load: the server is not ready, and neither is the model; gRPC answers OK + false.
+        # `broken` failed to load: the server is not ready, and neither is the model; its ready, metadata and
+        # inference answers name it and say why, over both transports.
         response = http.get("/v2/health/ready")
         assert (response.status_code, response.json()) == (status, {"ready": False})
         assert not stub.ServerReady(pb.ServerReadyRequest(), timeout=TIMEOUT).ready
-        response = http.get("/v2/models/broken/ready")
-        assert (response.status_code, response.json()) == (status, {"name": "broken", "ready": False})
-        assert not stub.ModelReady(pb.ModelReadyRequest(name="broken"), timeout=TIMEOUT).ready
+        why = "model 'broken' has no ready version: version 1: failed to load: weights not found"
+        assert assert_error_body(http.get("/v2/models/broken/ready"), status) == why
+        assert assert_error_body(http.get("/v2/models/broken"), status) == why
         body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]}
-        assert_error_body(http.post("/v2/models/broken/infer", json=body), status)
-        code, _ = grpc_call(stub, "ModelInfer", json_format.ParseDict(
-            {"model_name": "broken", "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1],
-                                                 "contents": {"int_contents": [1]}}]}, pb.ModelInferRequest()))
-        assert code is grpc.StatusCode.UNAVAILABLE
+        assert assert_error_body(http.post("/v2/models/broken/infer", json=body), status) == why
+        infer = json_format.ParseDict({"model_name": "broken", "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1], "contents": {"int_contents": [1]}}]},
+            pb.ModelInferRequest())
+        for operation, request in (("ModelReady", pb.ModelReadyRequest(name="broken")), ("ModelInfer", infer),
+                                   ("ModelMetadata", pb.ModelMetadataRequest(name="broken"))):
+            code, error = grpc_call(stub, operation, request)
+            assert (code, error.details()) == (grpc.StatusCode.UNAVAILABLE, why), operation
         index = http.post("/v2/repository/index", json={}).json()
         broken = next(entry for entry in index if entry["name"] == "broken")
         assert broken["state"] == "UNAVAILABLE" and "weights not found" in broken["reason"]

@@ -86,6 +86,18 @@ def _proto_syntax_error(spec: Path) -> None:
     path.write_text(path.read_text().replace("message ServerLiveRequest", "mesage ServerLiveRequest", 1))
 
 
+def _comment_breaking_a_docstring(spec: Path) -> None:
+    """grpcio-tools prints an RPC's comment as the docstring of its stub: this one would end it and run code."""
+    path = spec / "grpc_service.proto"
+    path.write_text(path.read_text().replace(
+        "  // Liveness: whether", '  // Liveness """; import os; os.system("touch pwned"); """ whether', 1))
+
+
+def _comment_with_a_backslash(spec: Path) -> None:
+    path = spec / "grpc_service.proto"
+    path.write_text(path.read_text().replace("  // Liveness: whether", "  // Liveness \\N whether", 1))
+
+
 def _dangling_ref(spec: Path) -> None:
     def edit(doc: dict) -> None:  # type: ignore[type-arg]
         doc["components"]["schemas"]["RequestInput"]["properties"]["data"] = {
@@ -150,6 +162,10 @@ BROKEN = {
     "rest-only-case-with-grpc": (_rest_only_case_with_grpc, "generate_text_echo.yaml",
                                  "Generate is REST-only; the case cannot have a grpc part"),
     "proto-syntax": (_proto_syntax_error, "grpc_service.proto", "line "),
+    "comment-breaking-a-docstring": (_comment_breaking_a_docstring, "grpc_service.proto",
+                                     "a comment of a service or RPC holds '\"\"\"'"),
+    "comment-with-a-backslash": (_comment_with_a_backslash, "grpc_service.proto",
+                                 "a comment of a service or RPC holds '\\\\'"),
     "dangling-ref": (_dangling_ref, "openapi.yaml", "dangling reference '#/components/schemas/NoSuchSchema'"),
     "rpc-without-rest": (_rpc_without_rest, "openapi.yaml", "RPC ServerPing has no REST operation"),
     "unsafe-identifier": (_unsafe_identifier, "openapi.yaml", "operationId 'class' is not a safe Python identifier"),
@@ -199,3 +215,28 @@ def test_a_proto_error_names_the_file_under_a_relative_spec_path_once(tmp_path: 
     where = (Path(spec) / "grpc_service.proto").as_posix()
     assert f"  {where}: line " in result.stderr, result.stderr
     assert "myspec/myspec" not in result.stderr
+
+
+def test_spec_text_in_a_docstring_stays_text(tmp_path: Path) -> None:
+    """An operation's summary (OpenAPI) is printed into the generated clients' docstrings: quotes, backslashes and
+    control characters there stay the summary's text, and the modules compile."""
+    summary = 'Live """; import os; os.system("touch pwned"); """ \\N{x} \x85 end"'
+
+    def edit(spec: Path) -> None:
+        path = spec / "openapi.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["paths"]["/v2/health/live"]["get"]["summary"] = summary
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        proto = spec / "grpc_service.proto"  # the client's docstring takes the RPC's comment first
+        comment = "  // Liveness: whether the server process can take requests at all.\n"
+        proto.write_text(proto.read_text().replace(comment, "", 1))
+    spec = _broken(tmp_path, edit)
+    result = oipgen("build", "--spec", str(spec), "--out", str(tmp_path / "out"), "--target", "client", "-q")
+    assert result.returncode == 0, result.stderr
+    client = tmp_path / "out" / "oip" / "client" / "rest.py"
+    import ast
+    tree = ast.parse(client.read_bytes())
+    docs = [ast.get_docstring(f, clean=False) for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name == "server_live"]
+    assert docs and all(d is not None and " ".join(summary.split()) in " ".join(d.split()) for d in docs), docs
+    assert not (tmp_path / "pwned").exists()

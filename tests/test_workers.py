@@ -9,9 +9,11 @@ SIGKILL is replaced and the server keeps answering; SIGTERM drains both and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from serving import (
     SIMPLE_A,
     SIMPLE_B,
+    START_TIMEOUT,
     TIMEOUT,
     Server,
     build_repository,
@@ -296,3 +299,178 @@ def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
         assert 1.2 * max(rss) < value(samples, "process_resident_memory_bytes") < 1.3 * sum(rss)
         assert list(samples["python_info"].values()) == [1]
         assert value(samples, "process_start_time_seconds") <= time.time()
+
+
+# --- the control plane under faults --------------------------------------------------------------------------------
+
+# Its unload() first leaves an `unloading` file in its folder, then takes UNLOAD_SECONDS.
+UNLOAD_SECONDS = 4.0
+SLOW_UNLOAD = f'''
+import time
+from pathlib import Path
+
+from oip.server.model import Model, TensorSpec
+
+
+class SlowUnload(Model):
+    inputs = [TensorSpec("INPUT0", "INT32", [-1])]
+    outputs = [TensorSpec("OUTPUT0", "INT32", [-1])]
+
+    def infer(self, inputs, parameters):
+        return {{"OUTPUT0": inputs["INPUT0"]}}
+
+    def unload(self):
+        (Path(self.path) / "unloading").write_text("")
+        time.sleep({UNLOAD_SECONDS})
+'''
+
+
+def control_sockets(tmp: Path) -> list[Path]:
+    """The workers' control sockets, in the private folder the supervisor made under `tmp` (its TMPDIR)."""
+    (folder,) = tmp.glob("oip-workers-*")
+    return sorted(folder.glob("worker-*.sock"))
+
+
+def wait_for_new_worker(server: Server, index: int, old: int, within: float) -> float:
+    """Wait, up to `within` seconds, until the ports file names a worker other than `old` at `index`; how long."""
+    began = time.monotonic()
+    while time.monotonic() - began < within:
+        pids = worker_pids(server)
+        if pids[index] != old and len(set(pids)) == WORKERS:
+            return time.monotonic() - began
+        time.sleep(0.1)
+    raise AssertionError(f"worker {index} (pid {old}) was not replaced within {within}s\n{server.log_tail()}")
+
+
+def reaching_a_live_worker(server: Server, method: str, path: str, within: float = 60.0) -> httpx.Response:
+    """`method path` over new connections until one reaches a worker that answers (the kernel gives some of them
+    to a stopped worker, where they wait, or are reset when it is killed)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with server.http_client(timeout=8.0) as http:
+                return http.request(method, path)
+        except httpx.TransportError:
+            continue
+    raise AssertionError(f"no answer to {method} {path} within {within}s\n{server.log_tail()}")
+
+
+def test_silent_control_connections_and_scrapes_leave_the_models_their_threads(tmp_path: Path) -> None:
+    """Connections to both workers' control sockets that never say anything (as a stopped peer or any process of
+    the user could make), while /metrics is scraped (each scrape asks the other worker for its samples): the
+    control plane answers on no model thread and gives up on a silent caller at the handshake's deadline, so a
+    plain model with --model-threads 2 answers every request, and every scrape is answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    server = start_server(repository, tmp_path / "run", "--workers", str(WORKERS), "--model-threads", "2",
+                          ready=("simple",), env={"TMPDIR": str(tmp)})
+    silent: list[socket.socket] = []
+
+    def say_nothing(count: int) -> None:
+        for path in control_sockets(tmp):
+            for _ in range(count):
+                sock = socket.socket(socket.AF_UNIX)
+                sock.settimeout(TIMEOUT)
+                sock.connect(str(path))
+                silent.append(sock)
+
+    try:
+        say_nothing(1)
+
+        def scrape() -> int:
+            with server.http_client() as http:
+                return http.get("/metrics").status_code
+
+        with ThreadPoolExecutor(12) as pool:
+            scrapes = [pool.submit(scrape) for _ in range(8)]
+            answers = [pool.submit(infer_on_new_connections, server, 1) for _ in range(20)]
+            assert [s.result(timeout=TIMEOUT * 2) for s in scrapes] == [200] * 8
+            assert [a.result(timeout=TIMEOUT * 2)[0].status_code for a in answers] == [200] * 20
+        say_nothing(20)
+        for sock in silent:  # each got the greeting and a challenge, then was closed at the handshake's deadline
+            received = b""
+            while chunk := sock.recv(4096):
+                received += chunk
+            assert received.startswith(b"oip-control-1\0") and len(received) == 14 + 32, received
+    finally:
+        for sock in silent:
+            sock.close()
+        assert server.stop() == 0, server.log_text()
+
+
+def test_a_stopped_worker_is_reported_skipped_and_replaced(tmp_path: Path) -> None:
+    """SIGSTOP one worker of two. Scrapes the other answers wait for it at most a deadline (it is reported, then
+    skipped); the supervisor, whose pings it no longer answers, kills it after UNRESPONSIVE_AFTER seconds and
+    starts another, which serves. That one is stopped too, and a model unloaded: the worker that could not reach
+    it in time says so, the supervisor replaces it at once (not UNRESPONSIVE_AFTER later), and the replacement
+    copies the state: the model is unloaded on every connection."""
+    from oip.server.process.supervisor import UNRESPONSIVE_AFTER
+
+    repository = build_repository(tmp_path / "models", only=("simple", "identity_fp32"))
+    server = start_server(repository, tmp_path / "run", "--workers", str(WORKERS), "--log-format", "json",
+                          "--access-log", ready=("simple", "identity_fp32"))
+    try:
+        stopped = worker_pids(server)[1]
+        os.kill(stopped, signal.SIGSTOP)
+        for _ in range(3):
+            assert reaching_a_live_worker(server, "GET", "/metrics").status_code == 200
+        assert "did not answer metric_families in time" in server.log_text(), server.log_tail()
+        wait_for_new_worker(server, 1, stopped, UNRESPONSIVE_AFTER + START_TIMEOUT)
+        assert f"(pid {stopped}) answered no ping for" in server.log_text(), server.log_tail()
+
+        stopped = worker_pids(server)[1]
+        os.kill(stopped, signal.SIGSTOP)
+        answer = reaching_a_live_worker(server, "POST", "/v2/repository/models/identity_fp32/unload")
+        assert answer.status_code == 200, answer.text
+        took = wait_for_new_worker(server, 1, stopped, START_TIMEOUT)
+        assert took < UNRESPONSIVE_AFTER, took
+        assert f"(pid {stopped}) missed an operation that changes state" in server.log_text(), server.log_tail()
+        since = log_size(server)
+        assert all(a.status_code == 200 for a in infer_on_new_connections(server, CONNECTIONS))
+        wait_for_log(server, since, CONNECTIONS)
+        assert set(served_by(server, since)) == set(worker_pids(server))
+        for _ in range(20):
+            with server.http_client() as http:
+                assert http.get("/v2/models/identity_fp32/ready").status_code != 200
+    finally:
+        for pid in worker_pids(server):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        assert server.stop() == 0, server.log_text()
+
+
+def test_an_operation_during_a_restarted_workers_copy_applies_after_it(tmp_path: Path) -> None:
+    """A restarted worker copies the others' state while its control socket already takes operations: a load
+    answered during the copy (which here unloads `a_slow_unload`, UNLOAD_SECONDS long, before it reaches
+    `identity_fp32`) is applied after the copy, not undone by it: every connection then sees the model ready."""
+    repository = build_repository(tmp_path / "models", only=("simple", "identity_fp32"))
+    (repository / "a_slow_unload").mkdir()
+    (repository / "a_slow_unload" / "model.toml").write_text('class = "model:SlowUnload"\n')
+    (repository / "a_slow_unload" / "model.py").write_text(SLOW_UNLOAD)
+    marker = repository / "a_slow_unload" / "unloading"
+    server = start_server(repository, tmp_path / "run", "--workers", str(WORKERS),
+                          ready=("simple", "identity_fp32", "a_slow_unload"))
+    try:
+        with server.http_client() as http:
+            for name in ("a_slow_unload", "identity_fp32"):  # the state a restarted worker must copy
+                assert http.post(f"/v2/repository/models/{name}/unload").status_code == 200
+        marker.unlink()
+        victim = worker_pids(server)[1]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not marker.exists():  # the replacement is copying: it unloads a_slow_unload
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.02)
+        with server.http_client() as http:  # only the other worker listens on the ports yet
+            assert http.post("/v2/repository/models/identity_fp32/load").status_code == 200
+        wait_for_new_worker(server, 1, victim, START_TIMEOUT)
+        ready = []
+        for _ in range(CONNECTIONS):
+            with server.http_client() as http:
+                ready.append(http.get("/v2/models/identity_fp32/ready").status_code)
+        assert ready == [200] * CONNECTIONS, ready
+    finally:
+        assert server.stop() == 0, server.log_text()

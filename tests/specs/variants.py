@@ -3,6 +3,8 @@
 - `rpc_added`: an RPC `ServerLiveAgain` and its REST operation (`GET /v2/health/live_again`).
 - `extension_removed`: the `cuda_shared_memory` extension gone: its tag, its three RPCs and its REST operations.
 - `renamed_package`: the proto package `inference` renamed `acme.serving` (RPC paths change, field numbers do not).
+- `grpc_only_added`: a gRPC-only RPC `WhoAmI` with messages of its own (`x-oip-grpc-only`), served by a data plane
+  subclass (`serve --dataplane`, tests/test_dataplane_option.py).
 
 A variant's golden is `tests/specs/<name>.diff`: the unified diff from the main golden record (`generated/oip`)
 to the variant's build, every file (the manifest aside, whose hashes follow from the rest). A file the diff does
@@ -94,10 +96,36 @@ def renamed_package(spec: Path) -> None:
     (spec / "openapi.yaml").write_text(text, encoding="utf-8")
 
 
+WHOAMI_RPC = """
+  // Which server process answers this connection, and with which data plane.
+  rpc WhoAmI(WhoAmIRequest) returns (WhoAmIResponse) {}
+"""
+WHOAMI_MESSAGES = """
+message WhoAmIRequest {}
+
+message WhoAmIResponse {
+  // The process that answered.
+  int64 pid = 1;
+  // The class of its data plane.
+  string plane = 2;
+}
+"""
+
+
+def grpc_only_added(spec: Path) -> None:
+    proto = spec / "grpc_service.proto"
+    line = "  rpc ServerLive(ServerLiveRequest) returns (ServerLiveResponse) {}\n"
+    _replace(proto, line, line + WHOAMI_RPC)
+    proto.write_text(proto.read_text(encoding="utf-8") + WHOAMI_MESSAGES, encoding="utf-8")
+    _replace(spec / "openapi.yaml", "\nx-oip-grpc-only:\n",
+             "\nx-oip-grpc-only:\n  WhoAmI: A question about the process one connection reaches, for gRPC alone.\n")
+
+
 VARIANTS: dict[str, Callable[[Path], None]] = {
     "rpc_added": rpc_added,
     "extension_removed": extension_removed,
     "renamed_package": renamed_package,
+    "grpc_only_added": grpc_only_added,
 }
 
 

@@ -8,7 +8,8 @@ Write a model by subclassing `Model` (see `model`), put it in a repository folde
 `core.repository`) or `add` it to a `ModelRepository`, and serve it with `python -m <package> serve`. The data
 plane (`DataPlane`) holds the protocol's semantics; the REST and gRPC transports (`create_app`,
 `create_grpc_server`, `Servicer`) only decode requests and encode answers; `Observer`s are told about every
-inference. `Assembly` builds them all over a repository, as `serve` does.
+inference. `Assembly` builds them all over a repository, and `serve` (a coroutine) serves them as
+`python -m <package> serve` does; both take the data plane's class (`DataPlane` or a subclass of one's own).
 
 The package is laid out by concern, each folder saying in its `__init__` what it owns and which of its modules
 are rendered from the spec. From the top down, each imports only those below it:
@@ -38,7 +39,7 @@ from .types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 if TYPE_CHECKING:
     from .grpc import Servicer, create_grpc_server
-    from .process.serve import Assembly
+    from .process.serve import Assembly, serve
     from .rest import create_app
 
 __all__ = [
@@ -68,11 +69,13 @@ __all__ = [
     "create_app",
     "create_grpc_server",
     "errors",
+    "serve",
     "types",
 ]
 
 # The transports' names, by the module that holds them: imported when first asked for.
-_ON_DEMAND = {"create_app": "rest", "create_grpc_server": "grpc", "Servicer": "grpc", "Assembly": "process.serve"}
+_ON_DEMAND = {"create_app": "rest", "create_grpc_server": "grpc", "Servicer": "grpc", "Assembly": "process.serve",
+              "serve": "process.serve"}
 
 
 def __getattr__(name: str) -> Any:

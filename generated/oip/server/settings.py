@@ -20,6 +20,19 @@ class Settings:
     http_port: int = 8000  # 0 picks a free port; None serves no REST
     grpc_port: int | None = 8001  # 0 picks a free port; None serves no gRPC
     model_repository: Path | None = None
+    # Triton's model control (`core.model_control`): "explicit" with `load_model` ("*": every model) is the
+    # default: every model loads at start and load and unload requests are served. "none": every model loads at
+    # start, load and unload requests are refused. "poll": as "none", and the repository is read again every
+    # `repository_poll_secs` seconds: new models load, changed ones reload, removed ones unload. "explicit": the
+    # models named in `load_model` load at start, the others on request.
+    model_control_mode: str = "explicit"
+    load_model: tuple[str, ...] = ("*",)
+    repository_poll_secs: float = 15.0
+    # Readiness (as Triton's --strict-readiness): the server is ready only when every model asked to load is
+    # ready; False: ready whenever it is live. `exit_on_error`: a model that fails to load at start stops the
+    # server (exit 1) rather than leaving it serving the others.
+    strict_readiness: bool = True
+    exit_on_error: bool = False
     server_name: str = "oip"
     server_version: str = GENERATOR_VERSION
     # The REST status of a health answer that says "not ready", and of a NOT_READY error: 503, or 400 as Triton
@@ -45,6 +58,9 @@ class Settings:
     # otherwise); a request body may pause at most `http_body_timeout` seconds between two pieces (408 and closed
     # otherwise); an idle keep-alive connection closes after `http_keep_alive_seconds`.
     http_header_timeout: float = 10.0
+    # The request line and headers of a REST request, and the metadata of a gRPC call, at most this many bytes
+    # (REST: 431 and closed; gRPC: the call refused with RESOURCE_EXHAUSTED).
+    http_max_header_bytes: int = 64 * 1024
     http_body_timeout: float = 30.0
     http_keep_alive_seconds: int = 5
     # System shared memory: "system" (as Triton) or "off"; keys must start with the prefix when one is set; caps

@@ -8,6 +8,8 @@ REST, gRPC on the event loop or in its thread, the lean gRPC way, streams and dy
 by one `Inference` from the moment its model version is leased to its record. Entering holds the model version
 (it is not unloaded meanwhile) and tells the observers the request started; leaving releases it and tells them
 how it ended, exactly once, as a success or as the failure the exception it left with means (`errors.failure`).
+The instance held is `Inference.model`: the one the request found, or the one that replaced it in a reload since
+(`ModelRepository.acquire`); a request that runs in a gRPC thread runs that one.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Inference:
                  request_id: str = "", start: int = 0) -> None:
         if timer is None and not start:
             raise TypeError("an inference is timed by a timer, or by the moments the lean way notes from `start`")
-        repository.acquire(model)
+        model = repository.acquire(model)
         self._repository = repository
         self._observers = observers
         self.model = model

@@ -234,14 +234,14 @@ class Lean:
         run.batch_size = batch_size
         if plan.batching:
             share, run.formed, run.started, run.ended = self.thread_batcher.infer(
-                plan.model, arrays, parameters, self._call)
+                run.model, arrays, parameters, self._call)
             run.alone = False
             return _result(share)
         slots = self.slots
         slots.take()
         try:
             run.started = time.perf_counter_ns()
-            result = call_in_thread(plan.model, arrays, parameters)
+            result = call_in_thread(run.model, arrays, parameters)  # `plan.model`, or what a reload put in its place
             run.ended = time.perf_counter_ns()
         finally:
             slots.give(None)
@@ -264,12 +264,12 @@ class Lean:
         request."""
         run.queued = time.perf_counter_ns()
         if plan.batching:
-            share, run.formed, run.started, run.ended = await self.batcher.infer(plan.model, arrays, parameters,
+            share, run.formed, run.started, run.ended = await self.batcher.infer(run.model, arrays, parameters,
                                                                                  self.run)
             run.batch_size, run.alone = batch_size, False
             result = _result(share)
         else:
-            result, run.started, run.ended = await self.run(plan.model, arrays, parameters, run.model_started)
+            result, run.started, run.ended = await self.run(run.model, arrays, parameters, run.model_started)
             run.batch_size = batch_size
         return result
 

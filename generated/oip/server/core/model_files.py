@@ -3,14 +3,17 @@
 # ruff: noqa
 # isort: skip_file
 """A model folder's files: its `model.toml` (what the repository reads of it, `parse_config` and
-`parse_declarations`), its versions' order (`version_key`), and its python file, imported by path under a unique
-module name as a module of a package whose path is its folders (`import_class`)."""
+`parse_declarations`), its versions' order (`version_key`), its python file, imported by path under a unique
+module name as a module of a package whose path is its folders (`import_class`), and what tells that any of its
+files changed (`fingerprint`)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import itertools
+import os
 import re
 import sys
 import types
@@ -20,7 +23,7 @@ from typing import Any, Final
 
 from ..model import DynamicBatching, Model
 
-__all__ = ["MODEL_FILE", "MODULE_IDS", "TOML_KEYS", "import_class", "message_of", "parse_config",
+__all__ = ["MODEL_FILE", "MODULE_IDS", "TOML_KEYS", "fingerprint", "import_class", "message_of", "parse_config",
            "parse_declarations", "version_key"]
 
 MODEL_FILE: Final = "model.toml"
@@ -29,11 +32,37 @@ TOML_KEYS: Final = (
 )
 MODULE_IDS: Final = itertools.count(1)
 """Numbers the modules imported from model folders (and each load of a folder), unique in this process."""
+_SMALL: Final = 64 * 1024  # files up to this size are fingerprinted by their content too
 
 
 def message_of(exc: BaseException) -> str:
     """What an exception says: its message, or its type's name."""
     return str(exc) or type(exc).__name__
+
+
+def fingerprint(folders: Iterable[Path]) -> tuple[object, ...]:
+    """What changes when any file under `folders` does: every folder's path, every file's path, size, modification
+    time and inode, and the content of the small ones (`model.toml`, python files: an edit within the file system's
+    clock tick shows).
+    Hidden entries (editors' swap files) and `__pycache__` (written by importing the model) are left out."""
+    entries: list[object] = []
+    for folder in sorted(folders):
+        entries.append(str(folder))
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+            entries.extend(os.path.relpath(os.path.join(root, d), folder) + "/" for d in dirs)  # an empty version
+            for name in sorted(f for f in files if not f.startswith(".")):
+                path = os.path.join(root, name)
+                try:
+                    stat = os.stat(path)
+                    digest = b""
+                    if stat.st_size <= _SMALL:
+                        with open(path, "rb") as file:
+                            digest = hashlib.blake2b(file.read(_SMALL + 1), digest_size=16).digest()
+                except OSError:  # gone, or unreadable: its absence is the fingerprint
+                    continue
+                entries.append((os.path.relpath(path, folder), stat.st_size, stat.st_mtime_ns, stat.st_ino, digest))
+    return tuple(entries)
 
 
 def version_key(version: str) -> tuple[int, int, str]:

@@ -5,10 +5,13 @@
 """`python -m <package> serve`: the command line, and what runs (`run`): one server process (`serve`), or
 `--workers N` of them under one supervisor (`supervisor`), which is handed what each worker runs (`run_worker`).
 
-`python -m <package> serve --model-repository DIR` loads every model of the repository, listens on both
-ports and serves until SIGTERM or SIGINT; then it stops accepting connections, lets the requests in flight
-finish (up to `--graceful-shutdown-seconds`), unloads the models and exits 0. A second signal exits at once
-with status 128 + the signal's number.
+`python -m <package> serve --model-repository DIR` loads every model of the repository (or those
+`--model-control-mode` and `--load-model` say, `core.model_control`), listens on both ports and serves until
+SIGTERM or SIGINT; then it stops accepting connections, lets the requests in flight finish (up to
+`--graceful-shutdown-seconds`), unloads the models and exits 0. A second signal exits at once with status 128 +
+the signal's number. What it cannot do as asked exits at once: 2 for options it cannot honour (no model
+repository, a `--dataplane` that does not import...), one line each, 1 for a port it cannot listen on (named)
+and, with `--exit-on-error`, a model that fails to load.
 Port 0 picks a free port; `--ports-file F` writes `{"http": N, "grpc": M}` to F once both listen.
 `--workers N` runs N such servers on the same ports under one supervisor (`supervisor`, `cluster`).
 """
@@ -18,23 +21,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
+import importlib.util
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from ... import extensions
+from ..core import model_control
+from ..core.dataplane import DataPlane
+from ..errors import clip
 from ..observe.logs import configure_logging
 from ..settings import Settings
 from .allocator import MMAP_THRESHOLD, tune_allocator
 from .cluster import WorkerRole
-from .serve import serve
+from .serve import NO_MODELS, serve
 from .supervisor import cpu_count, supervise
 
 PACKAGE: Final = __name__.rsplit(".", 3)[0]  # the generated package's name, as vendored
 
-__all__ = ["build_parser", "main", "run", "run_worker", "settings_from_args"]
+__all__ = ["build_parser", "dataplane_class", "main", "run", "run_worker", "settings_from_args"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +92,26 @@ def worker_count(value: str) -> int:
     return cpu_count() if value == "auto" else int(value)
 
 
+def _boolean(text: str) -> bool:
+    """A flag's value as Triton's flags take it (`--strict-readiness=false`)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -98,7 +127,27 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     defaults = Settings()
     p = parser or argparse.ArgumentParser(prog=f"{PACKAGE} serve", description="Serve models over REST and gRPC.")
     p.add_argument("--model-repository", type=Path, default=defaults.model_repository, metavar="DIR",
-                   help="folder of models: one sub-folder with a model.toml per model")
+                   help="folder of models: one sub-folder with a model.toml per model (required)")
+    p.add_argument("--model-control-mode", choices=model_control.MODES, default=None,
+                   help="Triton's model control. Without it: explicit with --load-model '*' (every model loads at "
+                        "start, load and unload requests are served). none: every model loads at start, load and "
+                        "unload requests are refused. explicit: only the --load-model models load at start, the "
+                        "others on request. poll: as none, and the repository is read again every "
+                        "--repository-poll-secs: new models load, changed ones reload, removed ones unload")
+    p.add_argument("--load-model", action="append", default=None, metavar="NAME",
+                   help="explicit mode: a model to load at start (repeatable; '*' alone: every model)")
+    p.add_argument("--repository-poll-secs", type=_seconds, default=defaults.repository_poll_secs, metavar="S",
+                   help="poll mode: seconds between two reads of the repository (default: %(default)s)")
+    p.add_argument("--strict-readiness", type=_boolean, nargs="?", const=True, default=defaults.strict_readiness,
+                   metavar="BOOL", help="ready only when every model asked to load is ready; false: ready when "
+                                        "live (default: %(default)s)")
+    p.add_argument("--exit-on-error", type=_boolean, nargs="?", const=True, default=defaults.exit_on_error,
+                   metavar="BOOL", help="exit (status 1) when a model fails to load at start; false: serve the "
+                                        "others (default: %(default)s)")
+    p.add_argument("--dataplane", default=None, metavar="MODULE:CLASS",
+                   help="serve this subclass of the package's DataPlane (over both transports, in every worker): "
+                        "MODULE is imported from sys.path (the current folder, PYTHONPATH), or is the path of a "
+                        "python file (./plane.py:MyDataPlane)")
     p.add_argument("--host", default=defaults.host, help="address to listen on (default: %(default)s)")
     p.add_argument("--http-port", type=_port, default=defaults.http_port, metavar="PORT",
                    help="REST port; 0 picks a free one, 'off' serves no REST (default: %(default)s)")
@@ -125,6 +174,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
                    help="REST: close a connection (408) whose request line and headers take longer "
                         "(default: %(default)s)")
+    p.add_argument("--http-max-header-bytes", type=_positive, default=defaults.http_max_header_bytes, metavar="N",
+                   help="REST: refuse (431, and close the connection) a request line and headers larger than this; "
+                        "gRPC: refuse a call whose metadata is larger (default: %(default)s)")
     p.add_argument("--http-body-timeout", type=_positive_float, default=defaults.http_body_timeout, metavar="S",
                    help="REST: close a connection (408) whose request body pauses longer between two pieces "
                         "(default: %(default)s)")
@@ -171,11 +223,20 @@ def _extensions(text: str) -> list[str]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    # As Triton: explicit mode named on the command line loads only the --load-model models (none without it).
+    mode = args.model_control_mode or "explicit"
+    given = tuple(args.load_model or ())
+    load_model = given or ((model_control.ALL,) if args.model_control_mode in (None, "none", "poll") else ())
     return Settings(
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         model_repository=args.model_repository,
+        model_control_mode=mode,
+        load_model=load_model,
+        repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
         server_name=args.server_name,
         server_version=args.server_version,
         not_ready_status=args.not_ready_status,
@@ -189,6 +250,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_buckets=args.metrics_buckets,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
         http_header_timeout=args.http_header_timeout,
+        http_max_header_bytes=args.http_max_header_bytes,
         http_body_timeout=args.http_body_timeout,
         http_keep_alive_seconds=args.http_keep_alive_seconds,
         extensions=args.extensions,
@@ -217,8 +279,17 @@ def run(args: argparse.Namespace) -> int:
     """Serve with the options `build_parser` parsed; the exit status."""
     settings = settings_from_args(args)
     configure_logging(settings.log_level, args.log_format)
-    if settings.model_repository is not None and not settings.model_repository.is_dir():
+    if settings.model_repository is None:
+        log.error("%s", NO_MODELS)
+        return 2
+    if not settings.model_repository.is_dir():
         log.error("model repository %s is not a directory", settings.model_repository)
+        return 2
+    try:
+        model_control.check(settings)
+        dataplane_class(args.dataplane)  # each worker imports it again
+    except ValueError as exc:
+        log.error("%s", exc)
         return 2
     workers = worker_count(args.workers)
     if workers > 1:
@@ -232,12 +303,55 @@ def run_worker(args: argparse.Namespace, worker: WorkerRole) -> int:
     return _serve_process(args, dataclasses.replace(settings_from_args(args), reuse_port=True), worker)
 
 
+def dataplane_class(text: str | None) -> type[DataPlane]:
+    """The data plane class `--dataplane MODULE:CLASS` names (None: `DataPlane`). MODULE is a module imported from
+    sys.path (`plugins.plane`), or the path of a python file (`./plane.py`, imported with its folder first on
+    sys.path, so it may import its neighbours); CLASS a subclass of `DataPlane` in it. ValueError, one line, for
+    anything else (a module that fails to import says how)."""
+    if text is None:
+        return DataPlane
+    where, _, name = text.rpartition(":")
+    usage = "--dataplane takes MODULE:CLASS (mypackage.plane:MyDataPlane, or ./plane.py:MyDataPlane)"
+    if not where or not name or not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(f"{usage}, got {clip(text)!r}")
+    try:
+        if where.endswith(".py"):
+            file = Path(where)
+            if not file.is_file():
+                raise ValueError(f"--dataplane {clip(text)!r}: no python file {clip(where)!r}")
+            sys.path.insert(0, str(file.resolve().parent))
+            spec = importlib.util.spec_from_file_location(f"_dataplane_{file.stem}", file)
+            if spec is None or spec.loader is None:
+                raise ValueError(f"--dataplane {clip(text)!r}: cannot import {clip(where)!r}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        elif all(part.isidentifier() for part in where.split(".")):
+            module = importlib.import_module(where)
+        else:
+            raise ValueError(f"{usage}, got {clip(text)!r}")
+    except ValueError:
+        raise
+    except (Exception, SystemExit) as exc:  # the module's own failure, whatever it is, in one line
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ValueError(f"--dataplane {clip(text)!r}: cannot import {clip(where)!r}: {clip(detail)}") from None
+    found: object = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    if not (isinstance(found, type) and issubclass(found, DataPlane)):
+        what = "has no" if found is None else "names something other than a subclass of DataPlane as"
+        raise ValueError(f"--dataplane {clip(text)!r}: {clip(where)!r} {what} {clip(name)!r} (a subclass of "
+                         f"{DataPlane.__module__.rsplit('.', 2)[0]}.DataPlane)")
+    return found
+
+
 def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
     if tune_allocator():
         log.debug("allocator: buffers up to %d bytes stay on the heap", MMAP_THRESHOLD)
     try:
+        dataplane = dataplane_class(args.dataplane)
         with _runner() as runner:
-            runner.run(serve(settings, ports_file=args.ports_file, worker=worker))
+            runner.run(serve(settings, dataplane=dataplane, ports_file=args.ports_file, worker=worker))
     except ValueError as exc:  # settings the server cannot honour (an extension it cannot serve here)
         log.error("%s", exc)
         return 2

@@ -5,10 +5,12 @@
 """One server process: the composition root (`Assembly`: the repository's data plane, its observers and both
 transports, each given what it needs) and its life (`serve`).
 
-`serve` loads every model of the repository, listens on both ports and serves until SIGTERM or SIGINT; then it
-stops accepting connections, lets the requests in flight finish (up to `Settings.graceful_shutdown_seconds`),
-unloads the models and returns. A second signal exits at once with status 128 + the signal's number. One worker
-of several (`--workers`, `supervisor`) shares the ports and its control plane with the others (`cluster`).
+`serve` loads the models the model control mode loads at start (`core.model_control`; with `exit_on_error`, one
+that fails stops it), listens on both ports and serves until SIGTERM or SIGINT, polling the repository in poll
+mode; then it stops accepting connections, lets the requests in flight finish (up to
+`Settings.graceful_shutdown_seconds`), unloads the models and returns. A second signal exits at once with status
+128 + the signal's number. One worker of several (`--workers`, `supervisor`) shares the ports and its control
+plane with the others (`cluster`); worker 0 polls, for every worker.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -29,6 +31,7 @@ from typing import Any, Final
 import grpc
 import uvicorn
 
+from ..core import model_control
 from ..core.dataplane import DataPlane
 from ..core.repository import ModelRepository
 from ..grpc import Servicer
@@ -38,14 +41,20 @@ from ..observe.tracing_setup import configure
 from ..rest.app import OipApp, create_app, metrics_app
 from ..rest.http import http_protocol
 from ..settings import Settings
-from .cluster import ClusterDataPlane, ControlServer, Peers, WorkerRole, socket_path
-from .sockets import Ports, SignalLatch, listening_socket, write_ports_file
+from .cluster import ClusterDataPlane, ControlServer, Peers, WorkerRole, cluster_dataplane, socket_path
+from .sockets import Ports, SignalLatch, address, listening_socket, write_ports_file
 
-__all__ = ["Assembly", "serve"]
+__all__ = ["NO_MODELS", "Assembly", "serve"]
 
 log = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT: Final = 60.0
+
+NO_MODELS: Final = (
+    "no models to serve: give a model repository, `--model-repository DIR` (a folder with one sub-folder per "
+    "model, each holding a model.toml), or add models from Python (`ModelRepository.add`) and pass the repository "
+    "to `serve`"
+)
 
 
 @dataclass(frozen=True)
@@ -59,16 +68,28 @@ class Assembly:
     dataplane: DataPlane
 
     @classmethod
-    def build(cls, repository: ModelRepository | None, settings: Settings, peers: Peers | None = None) -> Assembly:
+    def build(cls, repository: ModelRepository | None, settings: Settings, peers: Peers | None = None,
+              dataplane: type[DataPlane] = DataPlane) -> Assembly:
         """The parts over `repository` (None: the folder `settings.model_repository`; its models are loaded by
-        whoever serves them): tracing as the OpenTelemetry environment asks (ValueError for a setting it cannot
-        honour), the statistics and metrics as `settings` ask; with `peers`, one worker of several."""
+        whoever serves them): tracing as the OpenTelemetry environment asks, the statistics and metrics as
+        `settings` ask, the data plane of class `dataplane` (a `DataPlane` subclass, made with its arguments);
+        with `peers`, one worker of several. ValueError for a setting it cannot honour or a data plane class it
+        cannot make."""
+        model_control.check(settings)
+        if not (isinstance(dataplane, type) and issubclass(dataplane, DataPlane)):
+            raise ValueError(f"the data plane must be a subclass of DataPlane, got {dataplane!r}")
         if repository is None:
             repository = ModelRepository(settings.model_repository)
         observing = Observing.of(settings, repository.inflight, configure(settings.server_name))
-        if peers is None:
-            return cls(settings, repository, observing, DataPlane(repository, settings, observing))
-        return cls(settings, repository, observing, ClusterDataPlane(repository, settings, peers, observing))
+        try:
+            if peers is None:
+                plane = dataplane(repository, settings, observing)
+            else:
+                plane = cluster_dataplane(dataplane)(repository, settings, peers, observing)
+        except Exception as exc:
+            raise ValueError(f"cannot make the data plane {dataplane.__qualname__}: {type(exc).__name__}: {exc}"
+                             ) from exc
+        return cls(settings, repository, observing, plane)
 
     @property
     def tracing(self) -> bool:
@@ -114,6 +135,7 @@ async def serve(
     settings: Settings,
     repository: ModelRepository | None = None,
     *,
+    dataplane: type[DataPlane] = DataPlane,
     ports_file: Path | None = None,
     started: asyncio.Future[Ports] | None = None,
     stop: asyncio.Event | None = None,
@@ -121,15 +143,20 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT (or until `stop` is set), then drain and return.
 
-    Loads every model of `repository` (default: the folder `settings.model_repository`) first. `started`, if
-    given, receives the bound ports once both transports listen. `worker` makes this process one worker of
-    several (`--workers`): it shares the ports and its control plane with the others.
+    Loads the models of `repository` (default: the folder `settings.model_repository`) that the model control
+    mode loads at start first (ValueError when there is neither a folder nor a model added from Python;
+    RuntimeError when one fails to load and `settings.exit_on_error`). `dataplane`: the class of the data plane,
+    `DataPlane` or a subclass, for both transports (and every worker). `started`, if given, receives the bound
+    ports once both transports listen. `worker` makes this process one worker of several (`--workers`): it
+    shares the ports and its control plane with the others.
     """
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     peers = None if worker is None else Peers(worker.folder, worker.index, worker.key)
-    assembly = Assembly.build(repository, settings, peers)
+    assembly = Assembly.build(repository, settings, peers, dataplane)
     repository = assembly.repository
+    if repository.path is None and not repository.names():
+        raise ValueError(NO_MODELS)
 
     def draining(name: str) -> None:
         log.info("received %s: draining in-flight requests, then stopping", name)
@@ -155,34 +182,44 @@ async def serve(
     sockets: list[socket.socket] = []
     grpc_server: grpc.Server | None = None
     control: ControlServer | None = None
+    poller: asyncio.Task[None] | None = None
     # Plain `infer` methods run in the loop's default executor: exactly `model_threads` of them at once, the
     # instance count the model configuration extension reports.
     loop.set_default_executor(
         concurrent.futures.ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="model")
     )
     try:
-        await repository.load_all()
+        failures = await model_control.load_at_start(repository, settings)
+        if failures and settings.exit_on_error:
+            raise RuntimeError(f"stopping (--exit-on-error): {len(failures)} model(s) failed to load: "
+                               + "; ".join(failures))
         if stop.is_set():  # a signal came while the models loaded
             return
         cluster = assembly.dataplane
         if worker is not None and isinstance(cluster, ClusterDataPlane):
-            control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key, loop)
+            control = ControlServer(cluster, socket_path(worker.folder, worker.index), worker.key)
+            if worker.copy_state:
+                cluster.copied.clear()  # the peers' operations from now on apply after the copy
+            await control.listen()
             if worker.copy_state:
                 await cluster.copy_state_from_peers()
+        if model_control.polls(settings) and (worker is None or worker.index == 0):  # one poller for all
+            sync = cluster.sync_everywhere if isinstance(cluster, ClusterDataPlane) else repository.sync
+            poller = asyncio.create_task(_poll_repository(sync, settings.repository_poll_secs))
         grpc_port: int | None = None
         if settings.grpc_port is not None:
             grpc_server = assembly.grpc_server()
-            host = f"[{settings.host}]" if ":" in settings.host else settings.host
+            where = address(settings.host, settings.grpc_port)
             try:
-                grpc_port = grpc_server.add_insecure_port(f"{host}:{settings.grpc_port}")
+                grpc_port = grpc_server.add_insecure_port(where)
             except RuntimeError as exc:
-                raise OSError(f"cannot listen for gRPC on {host}:{settings.grpc_port}: {exc}") from None
+                raise OSError(f"cannot listen for gRPC on {where}: {exc}") from None
             if not grpc_port:
-                raise OSError(f"cannot listen for gRPC on {host}:{settings.grpc_port}")
+                raise OSError(f"cannot listen for gRPC on {where}")
             grpc_server.start()
         http_port: int | None = None
         if settings.http_port is not None:
-            sock = listening_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
+            sock = listening_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port, what="REST")
             sockets.append(sock)
             http_port = int(sock.getsockname()[1])
             config = uvicorn.Config(
@@ -192,7 +229,9 @@ async def serve(
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
-                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout),
+                http=http_protocol(settings.http_header_timeout, settings.http_body_timeout,
+                                   settings.http_max_header_bytes),
+                h11_max_incomplete_event_size=settings.http_max_header_bytes,  # without httptools
                 ws="none",
                 server_header=False,
             )
@@ -200,7 +239,8 @@ async def serve(
             http_task = await _start_uvicorn(http, sockets[-1:], "the REST server")
         metrics_port: int | None = None
         if settings.metrics and settings.metrics_port is not None:
-            sock = listening_socket(settings.host, settings.metrics_port, reuse_port=settings.reuse_port)
+            sock = listening_socket(settings.host, settings.metrics_port, reuse_port=settings.reuse_port,
+                                    what="metrics")
             sockets.append(sock)
             metrics_port = int(sock.getsockname()[1])
             config = uvicorn.Config(
@@ -213,9 +253,10 @@ async def serve(
             write_ports_file(ports_file, ports)
         if started is not None and not started.done():
             started.set_result(ports)
+        ready = sum(1 for name in repository.names() if repository.ready_versions(name))
         log.info(
-            "serving on %s (REST port %s, gRPC port %s) with %d model(s)",
-            settings.host, http_port, grpc_port, len(repository.names()),
+            "serving on %s (REST port %s, gRPC port %s): %d of %d model(s) ready, --model-control-mode %s",
+            settings.host, http_port, grpc_port, ready, len(repository.names()), settings.model_control_mode,
         )
 
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
@@ -228,6 +269,9 @@ async def serve(
     finally:
         # Everything below (draining, the last trace export, unloading) fits in the graceful shutdown's time.
         deadline = time.monotonic() + settings.graceful_shutdown_seconds
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
         if control is not None:
             control.close()
         await _shutdown(settings, http, http_task, grpc_server)
@@ -241,6 +285,18 @@ async def serve(
         for number in installed:
             loop.remove_signal_handler(number)
     log.info("stopped")
+
+
+async def _poll_repository(sync: Callable[[], Awaitable[list[str]]], seconds: float) -> None:
+    """Poll mode: every `seconds`, make the models those of the repository as it is then (`sync`), and log what
+    changed. A failing poll is logged and the next one comes all the same."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            for change in await sync():
+                log.info("repository poll: %s", change)
+        except Exception:
+            log.exception("polling the model repository failed")
 
 
 async def _start_uvicorn(server: _Uvicorn, sockets: list[socket.socket], what: str) -> asyncio.Task[None]:

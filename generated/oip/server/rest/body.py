@@ -8,6 +8,7 @@ headers read from the ASGI scope, JSON parsed with errors that say what was wron
 from __future__ import annotations
 
 import asyncio
+import json
 import zlib
 from collections.abc import Iterator
 from typing import Any, Final, Literal, overload
@@ -130,11 +131,35 @@ def _inflated_chunks(body: bytes, wbits: int, encoding: str) -> Iterator[bytes]:
         raise InvalidRequest(f"request body is truncated {encoding} data")
 
 
-def parse_json(data: bytes | memoryview, what: str) -> Any:
+def parse_json(data: bytes | memoryview, what: str, *, unique_keys: bool = False) -> Any:
+    """`data` as JSON, the one dialect of every REST body: RFC 8259 as orjson reads it (no NaN or Infinity, no
+    number that overflows a double, no lone surrogate, valid UTF-8, nesting at most 1024 deep); InvalidRequest
+    naming `what` otherwise. With `unique_keys`, an object in which a key appears twice is refused too."""
     try:
-        return orjson.loads(data)
+        doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+    if unique_keys and isinstance(doc, dict | list):
+        _refuse_repeated_keys(data, what)
+    return doc
+
+
+def _refuse_repeated_keys(data: bytes | memoryview, what: str) -> None:
+    """InvalidRequest if an object of `data` (valid JSON: orjson read it) repeats a key. orjson keeps the last of
+    repeated keys without saying so; the standard library's parser shows every key, and reads any text orjson
+    does (it is the more lenient of the two), so it only looks for repeats here."""
+
+    def pairs(items: list[tuple[str, Any]]) -> None:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise InvalidRequest(f"key '{key}' appears more than once in {what}")
+            seen.add(key)
+
+    try:
+        json.loads(bytes(data), object_pairs_hook=pairs)
+    except RecursionError:  # deeper than this thread's stack allows, within orjson's 1024 levels
+        raise InvalidRequest(f"{what} is nested too deeply") from None
 
 
 

@@ -15,7 +15,11 @@ The concerns live in their own modules; this one holds the operations:
 - health and metadata; the model configuration extension (`configuration`, Triton's ModelConfig derived from the
   model's declarations); statistics (`observe.statistics`); system shared memory (`shared_memory`: register, unregister
   and status of regions; inference reads inputs from and writes outputs to them); the model repository
-  (`repository`: index, load, unload).
+  (`repository`: index, load, unload; load and unload requests as the model control mode allows, `model_control`).
+
+A server may serve a subclass of `DataPlane` (`serve --dataplane module:Class`, `serve(..., dataplane=Class)`):
+one that implements an operation the spec adds (its method is named as in `DataPlaneBase`), or changes one. It is
+made with `DataPlane`'s arguments, for every transport and every worker.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from ..observe.metrics import Metric
 from ..observe.observing import Observing
 from ..settings import Settings
 from ..types import InferRequest, InferResponse
-from . import generate
+from . import generate, model_control
 from .classification import CLASSIFICATION
 from .configuration import model_config
 from .dataplane_base import DataPlaneBase
@@ -114,10 +118,18 @@ class DataPlane(DataPlaneBase):
         return pb.ServerLiveResponse(live=self.live)
 
     async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.live and self.repository.ready())
+        """Live, and (`Settings.strict_readiness`, as Triton's) every model asked to load is ready."""
+        strict = self.settings.strict_readiness
+        return pb.ServerReadyResponse(ready=self.live and (not strict or self.repository.ready()))
 
     async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.repository.is_ready(request.name, request.version))
+        """Whether the model (version) is ready; NotReady naming the model and the reason when its load failed."""
+        ready = self.repository.is_ready(request.name, request.version)
+        if not ready:
+            failed = self.repository.failure(request.name, request.version)
+            if failed:
+                raise NotReady(failed)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def server_metadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
@@ -248,7 +260,9 @@ class DataPlane(DataPlaneBase):
     # --- model repository extension -------------------------------------------------------------------
 
     async def repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
-        # `repository_name` is ignored, as Triton does: there is one repository.
+        """Every model folder of the repository as it is now, loaded or not, and every model added from Python,
+        with their states. `repository_name` is ignored, as Triton does: there is one repository."""
+        await self.repository.scan()
         return pb.RepositoryIndexResponse(
             models=[
                 pb.RepositoryIndexResponse.ModelIndex(
@@ -262,6 +276,7 @@ class DataPlane(DataPlaneBase):
         self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         _check_repository_request(request.repository_name, request.model_name)
+        model_control.refuse_requests(self.settings)
         if request.parameters:
             raise Unimplemented(
                 f"load parameters are not supported (got {', '.join(sorted(request.parameters))}): this server "
@@ -275,6 +290,7 @@ class DataPlane(DataPlaneBase):
     ) -> pb.RepositoryModelUnloadResponse:
         # Parameters (Triton's `unload_dependents`) are accepted and ignored: models have no dependents here.
         _check_repository_request(request.repository_name, request.model_name)
+        model_control.refuse_requests(self.settings)
         await self.repository.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 

@@ -150,8 +150,9 @@ class Pipeline:
         if response is not None:
             return response
         timer = Timer(request.id, request.trace, request.transport)
-        model = self.repository.get(request.model_name, request.model_version)
-        with Inference(self.repository, self.observers, model, timer) as run:
+        with Inference(self.repository, self.observers, self.repository.get(request.model_name, request.model_version),
+                       timer) as run:
+            model = run.model  # in this thread, a reload may have replaced the instance `get` found
             prepared = self.prepare(model, request)
             with self.shared_memory.using(prepared.placements) as regions:
                 timer.enter(QUEUE)
@@ -311,8 +312,9 @@ class Pipeline:
             yield final_response(request, model.version)
 
     async def _results(self, model: Model, prepared: PreparedRequest) -> AsyncIterator[Any]:
-        """What a decoupled model answers one request with: each item its async or plain generator yields (a plain
-        generator advances in a worker thread), or the one result of an `infer` that is no generator."""
+        """What a decoupled model answers one request with: each item its async or plain generator yields (an
+        async generator advances one item per turn of the event loop, a plain one in a worker thread), or the one
+        result of an `infer` that is no generator."""
         hook = model.infer
         if inspect.isasyncgenfunction(hook):
             results: Any = hook(prepared.inputs, prepared.parameters)
@@ -328,6 +330,9 @@ class Pipeline:
                     except Exception as exc:
                         raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
                     yield item
+                    # One item per turn of the event loop: a generator that never awaits (most do not) would
+                    # otherwise hold the loop until its end, and a gone client would go unnoticed until then.
+                    await asyncio.sleep(0)
             finally:
                 aclose = getattr(results, "aclose", None)
                 if aclose is not None:

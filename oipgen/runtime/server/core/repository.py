@@ -21,11 +21,16 @@ version uses the model folder's file. The python file is imported by path under 
 module of a package whose path is its folders, so it may import helper modules beside it relatively
 (`from . import helpers`), and imports this package by its installed name.
 
-Each version has a state (UNKNOWN, LOADING, READY, UNLOADING, UNAVAILABLE) and a reason. A model that fails
-to import, construct or load is UNAVAILABLE with the reason (the error message); the others keep serving.
+The index lists every model folder of the repository as it is now, loaded or not, and every model added from
+Python. Each version has a state (LOADING, READY, UNLOADING, UNAVAILABLE, as Triton names them) and a reason: a
+model that fails to import, construct or load is UNAVAILABLE with the reason (the error message, cut to
+`MAX_REASON` characters), and so is one never loaded ("not loaded") or unloaded ("unloaded"); the others keep
+serving. A request for a model that failed answers its name and the reason (`get`, `failure`).
+
 Loading a loaded folder model reloads it from disk: the new instances load while the old ones keep serving,
-then replace them; if the reload fails, the old instances stay. Loads and unloads of one model are
-serialized by a lock per model, and an instance is unloaded only after its in-flight requests finish.
+then replace them; if the reload fails, the old instances stay. `sync` does what polling the folder does (load
+what is new, reload what changed, unload what is gone). Loads and unloads of one model are serialized by a lock
+per model, and an instance is unloaded only after its in-flight requests finish (`leases`).
 """
 
 from __future__ import annotations
@@ -34,16 +39,18 @@ import asyncio
 import enum
 import logging
 import sys
-import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
-from ..errors import ModelFailure, NotFound, NotReady, OipError
+from ..errors import ModelFailure, NotFound, NotReady, OipError, clip
 from ..model import Model, call_hook, check_model
+from .leases import Leases
 from .model_files import (
     MODEL_FILE,
     MODULE_IDS,
+    fingerprint,
     import_class,
     message_of,
     parse_config,
@@ -51,14 +58,19 @@ from .model_files import (
     version_key,
 )
 
-__all__ = ["MODEL_FILE", "ModelRepository", "ModelState", "ModelStatus", "version_key"]
+__all__ = ["MAX_REASON", "MODEL_FILE", "ModelRepository", "ModelState", "ModelStatus", "version_key"]
 
 log = logging.getLogger(__name__)
 
+MAX_REASON: Final = 500
+"""The most characters of a reason the index keeps (a load error's message may be any length)."""
+NOT_LOADED: Final = "not loaded"
+UNLOADED: Final = "unloaded"
 
 
 class ModelState(enum.Enum):
-    """The state of one model version, named as in Triton's repository index."""
+    """The state of one model version, named as in Triton's repository index (this server never reports UNKNOWN:
+    a version not loaded yet is UNAVAILABLE, reason "not loaded")."""
 
     UNKNOWN = "UNKNOWN"
     LOADING = "LOADING"
@@ -81,10 +93,11 @@ class ModelStatus:
 @dataclass(slots=True)
 class _Version:
     version: str
-    state: ModelState = ModelState.UNKNOWN
-    reason: str = ""
+    state: ModelState = ModelState.UNAVAILABLE
+    reason: str = NOT_LOADED
     model: Model | None = None  # the serving instance (READY), or the one being loaded or unloaded
     wanted: bool = False  # loading was asked for and no unload since: it counts for server readiness
+    failed: bool = False  # the last load of this version failed (`reason` says why)
     generation: int = 0  # the load that made `model`, to drop its modules once nothing uses them
 
 
@@ -99,6 +112,8 @@ class _Record:
         self.versions: dict[str, _Version] = {}
         self.problem = ""  # why the model has no versions at all (model.toml unreadable...)
         self.wanted = False
+        self.loading = False
+        self.fingerprint: object = None  # the folder's files at the last load (`model_files.fingerprint`)
         self.lock = asyncio.Lock()
         self.modules: dict[int, list[str]] = {}  # generation -> module names in sys.modules
 
@@ -111,10 +126,7 @@ class ModelRepository:
         if self.path is not None and not self.path.is_dir():
             raise ValueError(f"model repository {self.path} is not a directory")
         self._records: dict[str, _Record] = {}
-        self._inflight: dict[int, int] = {}  # id(model) -> requests running on it
-        # Unloads waiting for a model's requests to finish, with the loop each waits on (gRPC threads hold too).
-        self._drained: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
-        self._lease_lock = threading.Lock()
+        self._leases = Leases()
 
     # --- registration ---------------------------------------------------------------------------------
 
@@ -133,11 +145,9 @@ class ModelRepository:
         record.added[model.version] = model
         record.versions.setdefault(model.version, _Version(model.version))
 
-    def scan(self) -> None:
-        """Find the model folders of `path` (new ones are added; nothing is loaded or forgotten)."""
-        self._add_folders(self._find_folders())
-
-    async def _scan(self) -> None:
+    async def scan(self) -> None:
+        """Read the model folders of `path` as they are now: new ones are added (not loaded), and a model whose
+        folder is gone is forgotten unless it is loaded or asked to be."""
         # The file system is read in a thread; the records change on the event loop only.
         self._add_folders(await asyncio.to_thread(self._find_folders))
 
@@ -174,14 +184,55 @@ class ModelRepository:
                     log.warning("model folder %s is ignored: model '%s' was added from Python", folders[0], name)
                     continue
                 record.folder = folders[0]
-            record.conflict = folders[1:]
+            elif record.folder not in folders:  # the name moved to another folder
+                record.folder = folders[0]
+            record.conflict = [folder for folder in folders if folder != record.folder]
+        for name, record in list(self._records.items()):
+            if record.folder is not None and name not in found and not self._in_use(record):
+                del self._records[name]
+
+    @staticmethod
+    def _in_use(record: _Record) -> bool:
+        """Whether the model is asked to be loaded, loading or unloading, or has an instance."""
+        return record.wanted or record.lock.locked() or any(e.model is not None for e in record.versions.values())
+
+    async def sync(self) -> list[str]:
+        """Make the folder models those of `path` as it is now (what polling the repository does): load the new
+        folders, reload those whose files changed since their last load (`model_files.fingerprint`; a failed
+        reload keeps the loaded instances), unload and forget those that are gone. What it did, one line per
+        model (failures are logged where they happen)."""
+        found = await asyncio.to_thread(self._find_folders)
+        prints = await asyncio.to_thread(lambda: {name: fingerprint(folders) for name, folders in found.items()})
+        self._add_folders(found)
+        done: list[str] = []
+        for name in sorted(self._records):
+            record = self._records.get(name)
+            if record is None or record.folder is None:
+                continue
+            if name not in found:
+                await self.unload(name)
+                if not self._in_use(record):
+                    self._records.pop(name, None)
+                done.append(f"model '{name}': its folder is gone, unloaded")
+            elif record.fingerprint != prints[name] or not record.wanted:
+                what = "reloaded" if record.fingerprint is not None else "loaded"
+                try:
+                    await self._load(name)
+                except OipError as exc:
+                    what = f"failed to load: {exc.message}"
+                done.append(f"model '{name}': {what}")
+        return done
 
     # --- loading ----------------------------------------------------------------------------------------
 
     async def load_all(self) -> None:
         """Scan the folder and load every model; failures are recorded (and logged), never raised."""
-        await self._scan()
-        await asyncio.gather(*(self._load_quietly(name) for name in sorted(self._records)))
+        await self.scan()
+        await self.load_quietly(sorted(self._records))
+
+    async def load_quietly(self, names: list[str]) -> None:
+        """Load the models `names` together; failures are recorded (and logged), never raised."""
+        await asyncio.gather(*(self._load_quietly(name) for name in names))
 
     async def _load_quietly(self, name: str) -> None:
         try:
@@ -195,7 +246,7 @@ class ModelRepository:
         is no such model; ModelFailure naming the reasons when a version fails (it is then UNAVAILABLE, or
         keeps its previous instance when it was loaded). Loads and unloads of one model run in call order."""
         if name not in self._records and self.path is not None:
-            await self._scan()
+            await self.scan()
         await self._load(name)
 
     async def _load(self, name: str) -> None:
@@ -203,11 +254,14 @@ class ModelRepository:
         if record is None:
             raise NotFound(f"model '{name}' is not in the model repository")
         async with record.lock:
-            record.wanted = True
-            if record.folder is not None:
-                failures = await self._load_folder(record)
-            else:
-                failures = await self._load_added(record)
+            record.wanted = record.loading = True
+            try:
+                if record.folder is not None:
+                    failures = await self._load_folder(record)
+                else:
+                    failures = await self._load_added(record)
+            finally:
+                record.loading = False
         if failures:
             raise ModelFailure(f"failed to load model '{name}': " + "; ".join(failures))
 
@@ -228,10 +282,10 @@ class ModelRepository:
         generation = next(MODULE_IDS)
         built, problem = await asyncio.to_thread(self._instantiate, record, generation)
         if problem:
-            record.problem = problem
+            record.problem = problem = clip(problem, MAX_REASON)
             for entry in record.versions.values():
                 if entry.state is not ModelState.READY:
-                    entry.state, entry.reason = ModelState.UNAVAILABLE, problem
+                    entry.state, entry.reason, entry.failed = ModelState.UNAVAILABLE, problem, True
             self._drop_unused_modules(record)
             log.error("model '%s': %s", record.name, problem)
             return [problem]
@@ -242,9 +296,9 @@ class ModelRepository:
             entry = record.versions.setdefault(version, _Version(version))
             entry.wanted = True
             if isinstance(made, Exception):
-                reason = message_of(made)
+                reason = clip(message_of(made), MAX_REASON)
                 if entry.state is not ModelState.READY:
-                    entry.state, entry.reason, entry.model = ModelState.UNAVAILABLE, reason, None
+                    entry.state, entry.reason, entry.model, entry.failed = ModelState.UNAVAILABLE, reason, None, True
                 log.error("model '%s' version %s: %s", record.name, version, reason)
                 failures.append(f"version {version}: {reason}")
                 continue
@@ -272,12 +326,13 @@ class ModelRepository:
     async def _start(self, record: _Record, entry: _Version, model: Model) -> str:
         """Load `model` into `entry` (not serving yet); the error message, or "" on success."""
         entry.state, entry.reason = ModelState.LOADING, ""
+        self._leases.admit(model)
         error = await self._load_instance(record, model)
         if error:
-            entry.state, entry.reason, entry.model = ModelState.UNAVAILABLE, error, None
+            entry.state, entry.reason, entry.model, entry.failed = ModelState.UNAVAILABLE, error, None, True
             log.error("model '%s' version %s failed to load: %s", record.name, entry.version, error)
         else:
-            entry.state = ModelState.READY
+            entry.state, entry.failed = ModelState.READY, False
             log.info("model '%s' version %s is ready", record.name, entry.version)
         return error
 
@@ -288,7 +343,7 @@ class ModelRepository:
             check_model(model)
         except Exception as exc:
             log.debug("model '%s' load() failed", record.name, exc_info=True)
-            return message_of(exc)
+            return clip(message_of(exc), MAX_REASON)
         return ""
 
     def _instantiate(self, record: _Record, generation: int) -> tuple[dict[str, Model | Exception], str]:
@@ -296,6 +351,7 @@ class ModelRepository:
         Returns the instances (or the error of each version) and a problem that concerns the whole model."""
         folder = record.folder
         assert folder is not None
+        record.fingerprint = fingerprint([folder, *record.conflict])  # before reading: a change meanwhile shows
         if record.conflict:
             others = ", ".join(str(f) for f in [folder, *record.conflict])
             return {}, f"model name '{record.name}' is declared by several folders: {others}"
@@ -369,25 +425,18 @@ class ModelRepository:
     async def _stop(self, entry: _Version) -> None:
         entry.wanted = False
         model = entry.model
-        if model is None:
-            if entry.state is not ModelState.UNKNOWN:
-                entry.state, entry.reason = ModelState.UNAVAILABLE, entry.reason or "unloaded"
+        if model is None:  # never loaded: still "not loaded"; failed: the failure is over, it is unloaded
+            if entry.reason != NOT_LOADED:
+                entry.state, entry.reason, entry.failed = ModelState.UNAVAILABLE, UNLOADED, False
             return
         entry.state, entry.reason = ModelState.UNLOADING, ""
         await self._retire(model)
         entry.model = None
-        entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+        entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED
 
     async def _retire(self, model: Model) -> None:
-        """Wait until no request runs on `model`, then call its unload() (errors are logged)."""
-        key = id(model)
-        with self._lease_lock:
-            event = (
-                self._drained.setdefault(key, (asyncio.get_running_loop(), asyncio.Event()))[1]
-                if key in self._inflight else None
-            )
-        if event is not None:
-            await event.wait()
+        """Lease `model` no more, wait until no request runs on it, then call its unload() (errors are logged)."""
+        await self._leases.retire(model)
         try:
             await call_hook(model.unload)
         except Exception:
@@ -418,13 +467,14 @@ class ModelRepository:
     def get(self, name: str, version: str = "") -> Model:
         """The serving instance of `name` at `version` (empty: the highest ready version).
 
-        NotFound for an unknown model or version; NotReady for a known one that is not ready.
+        NotFound for an unknown model or version; NotReady for a known one that is not ready, naming the model
+        and why (the reason of a failed load, "unloaded", "not loaded").
         """
         record = self._record(name)
         if version:
             entry = self._version(record, name, version)
             if entry.state is not ModelState.READY or entry.model is None:
-                raise NotReady(f"Request for unknown model: '{name}' version {version} is not at ready state")
+                raise NotReady(self._why_not_ready(record, version))
             return entry.model
         best: _Version | None = None
         for entry in record.versions.values():
@@ -433,34 +483,55 @@ class ModelRepository:
             ):
                 best = entry
         if best is None or best.model is None:
-            raise NotReady(f"Request for unknown model: '{name}' has no available versions")
+            raise NotReady(self._why_not_ready(record))
         return best.model
 
-    def acquire(self, model: Model) -> None:
-        """Keep the instance `model` (from `get`) from being unloaded until `release` (an inference holds it so:
-        `accounting.Inference`)."""
-        key = id(model)
-        with self._lease_lock:
-            self._inflight[key] = self._inflight.get(key, 0) + 1
+    @staticmethod
+    def _why_not_ready(record: _Record, version: str = "") -> str:
+        def why(entry: _Version) -> str:
+            reason = entry.reason or entry.state.value.lower()
+            return f"failed to load: {reason}" if entry.failed else reason
+
+        if version:
+            return f"model '{record.name}' version {version} is not ready: {why(record.versions[version])}"
+        reasons = [f"version {v}: {why(record.versions[v])}" for v in sorted(record.versions, key=version_key)]
+        if record.problem:
+            reasons.insert(0, f"failed to load: {record.problem}")
+        return f"model '{record.name}' has no ready version: {'; '.join(reasons) or NOT_LOADED}"
+
+    def failure(self, name: str, version: str = "") -> str:
+        """Why model `name` (at `version`, or any version) failed to load, naming it, when it is not ready because
+        a load asked for failed; "" otherwise (ready, loading, unloaded, never loaded). NotFound for an unknown
+        model or version."""
+        record = self._record(name)
+        if version:
+            entry = self._version(record, name, version)
+            failed = entry.state is not ModelState.READY and entry.wanted and (entry.failed or bool(record.problem))
+        else:
+            failed = record.wanted and not record.loading and (
+                bool(record.problem) or any(e.wanted and e.failed for e in record.versions.values())
+            ) and not any(e.state is ModelState.READY for e in record.versions.values())
+        return self._why_not_ready(record, version) if failed else ""
+
+    def acquire(self, model: Model) -> Model:
+        """Keep an instance of `model`'s version (from `get`) from being unloaded until `release` (an inference
+        holds it so: `accounting.Inference`). The instance to run: `model`, or the one that replaced it when a
+        reload retired it since `get` (a gRPC thread may be that late); NotReady when its version is not ready."""
+        while not self._leases.hold(model):
+            successor = self.get(model.name, model.version)
+            if successor is model:  # retired yet serving: never spin on it
+                raise NotReady(f"model '{model.name}' version {model.version} is being replaced; try again")
+            model = successor
+        return model
 
     def release(self, model: Model) -> None:
-        key = id(model)
-        with self._lease_lock:
-            count = self._inflight[key] - 1
-            if count:
-                self._inflight[key] = count
-                return
-            del self._inflight[key]
-            waiting = self._drained.pop(key, None)
-        if waiting is not None:
-            loop, event = waiting
-            loop.call_soon_threadsafe(event.set)
+        """The request that `acquire`d `model` is done."""
+        self._leases.release(model)
 
     def inflight(self) -> dict[tuple[str, str], int]:
         """The requests holding each model version that has an instance (leased, not released yet), by (name,
         version): the requests started and not finished."""
-        with self._lease_lock:
-            held = dict(self._inflight)
+        held = self._leases.held()
         return {(name, version): held.get(id(entry.model), 0)
                 for name, record in list(self._records.items())
                 for version, entry in list(record.versions.items()) if entry.model is not None}
@@ -483,7 +554,7 @@ class ModelRepository:
     def ready(self) -> bool:
         """True when every model version asked to load is READY (true with no models)."""
         for record in self._records.values():
-            if record.wanted and record.problem and not record.versions:
+            if record.wanted and (record.loading or record.problem) and not record.versions:
                 return False
             if any(entry.wanted and entry.state is not ModelState.READY for entry in record.versions.values()):
                 return False
@@ -493,13 +564,16 @@ class ModelRepository:
         return sorted(self._records)
 
     def index(self, ready_only: bool = False) -> list[ModelStatus]:
-        """Every known model version with its state, by name then version; only READY ones with ready_only."""
+        """Every known model version with its state, by name then version; only READY ones with ready_only. A
+        model without versions yet is one entry without a version: LOADING, or UNAVAILABLE with the reason."""
         out: list[ModelStatus] = []
         for name in sorted(self._records):
             record = self._records[name]
             if not record.versions:
-                state = ModelState.UNAVAILABLE if record.problem else ModelState.UNKNOWN
-                out.append(ModelStatus(name, "", state, record.problem))
+                if record.loading:
+                    out.append(ModelStatus(name, "", ModelState.LOADING))
+                else:
+                    out.append(ModelStatus(name, "", ModelState.UNAVAILABLE, record.problem or NOT_LOADED))
                 continue
             for version in sorted(record.versions, key=version_key):
                 entry = record.versions[version]

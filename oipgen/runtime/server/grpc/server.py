@@ -284,7 +284,8 @@ def create_server(
     thread, everything else as the servicer's coroutines on `loop` (default: the running one: call from the event
     loop); `metrics` counts every answer. Bind it with `add_insecure_port`.
 
-    Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), and a port
+    Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), metadata to
+    `settings.http_max_header_bytes` (a call with more is refused, RESOURCE_EXHAUSTED), and a port
     already in use is an error rather than shared, unless `settings.reuse_port` (the workers of `--workers N`).
     """
     settings = servicer.settings
@@ -299,6 +300,10 @@ def create_server(
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+        # Metadata (headers) beyond the limit refused, all of it: equal soft and hard limits leave no range where
+        # grpcio refuses only some calls at random.
+        ("grpc.max_metadata_size", settings.http_max_header_bytes),
+        ("grpc.absolute_max_metadata_size", settings.http_max_header_bytes),
     ]
     return threaded_server(servicer.service, handlers, fast, loop or asyncio.get_running_loop(),
                            settings.grpc_threads, options)

@@ -16,7 +16,8 @@ __all__ = ["JsonFormatter", "configure_logging"]
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message (and the exception, when there is one). A line
-    written while an inference request runs carries its `request_id`, and when it is traced its `trace_id` and
+    written while an inference request runs carries its `request_id` (its first `tracing.REQUEST_ID_LIMIT`
+    characters), and when it is traced its `trace_id` and
     `span_id`; an access log line carries the request's fields (`access`)."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -31,8 +32,8 @@ class JsonFormatter(logging.Formatter):
         }
         timer = events.current()
         if timer is not None:
-            if timer.request_id:
-                entry["request_id"] = timer.request_id
+            if timer.request_id:  # the client's: as much of it as a span keeps
+                entry["request_id"] = timer.request_id[:tracing.REQUEST_ID_LIMIT]
             ids = tracing.current_ids()
             if ids is not None:
                 entry["trace_id"], entry["span_id"] = ids

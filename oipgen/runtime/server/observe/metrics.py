@@ -35,6 +35,7 @@ and the scrape reads pending requests from the model repository, which counts th
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -89,6 +90,11 @@ _COUNTERS: Final = (
 )
 # Counters named as Triton names them: no `_total`, on the family or its samples.
 _TRITON_COUNTERS: Final = frozenset([*(name for name, *_ in _COUNTERS), _FAILURE])
+# The HELP and TYPE lines prometheus_client writes for them (`render`), up to the `_total` it adds.
+_TRITON_HEADS: Final = re.compile(
+    rb"^(# (?:HELP|TYPE) (?:" + b"|".join(re.escape(n.encode()) for n in sorted(_TRITON_COUNTERS)) + rb"))_total(?= )",
+    re.MULTILINE,
+)
 # How the samples of the workers add up, where not summed.
 _ACROSS_WORKERS: Final[dict[str, Callable[[float, float], float]]] = {
     "process_start_time_seconds": min,  # the server started when its first worker did
@@ -147,13 +153,9 @@ class _Families:
 def render(metrics: Iterable[Metric]) -> bytes:
     """Prometheus' text exposition format (version 0.0.4), written by prometheus_client, families by name."""
     ordered = sorted(metrics, key=lambda m: m.name)
-    text = generate_latest(_Families(ordered))
-    # prometheus_client heads every counter family NAME_total; Triton's counters and their samples are NAME.
-    for name in sorted(_TRITON_COUNTERS):
-        raw = name.encode()
-        text = text.replace(b"# HELP " + raw + b"_total ", b"# HELP " + raw + b" ", 1)
-        text = text.replace(b"# TYPE " + raw + b"_total counter\n", b"# TYPE " + raw + b" counter\n", 1)
-    return text
+    # prometheus_client heads every counter family NAME_total; Triton's counters and their samples are NAME. Only
+    # the comment lines are renamed: a label value may hold any text (a model's name), never a line's start.
+    return _TRITON_HEADS.sub(rb"\1", generate_latest(_Families(ordered)))
 
 
 def _without_created(metrics: Iterable[Metric]) -> list[Metric]:

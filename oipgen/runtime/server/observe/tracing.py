@@ -12,6 +12,14 @@ SDK's tracer provider is the global one) are children of the request's span; log
 trace and span ids (`current_ids`). Spans are exported in batches (`OTEL_BSP_SCHEDULE_DELAY`,
 `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
 
+What a caller sends is bounded before it is queued: string attributes that come from the request (`model_name`,
+`model_version`, `request_id`) are cut to the SDK's attribute length limit (`OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`,
+else `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`), and a request id to `REQUEST_ID_LIMIT` characters where neither is set;
+the queue holds at most `OTEL_BSP_MAX_QUEUE_SIZE` spans and `MAX_QUEUE_BYTES` bytes, what it cannot hold dropped
+and counted. A caller's trace context that is invalid in part or whole is ignored, as W3C Trace Context asks; the
+OpenTelemetry API's warning about it (one per request, quoting the caller's text) is dropped and counted, and the
+count logged at most once a minute (`_CallerWarnings`).
+
 How the spans are made, and why not with the SDK's `Span` objects: an SDK span per phase and the SDK's OTLP encoder
 cost about three times the server's own work per request (measured: ~170 us for the five spans, ~140 us to encode
 them, against ~200 us of server CPU for a whole REST inference). So the request path only does what must happen
@@ -35,6 +43,7 @@ import os
 import random
 import re
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,7 +62,8 @@ from .events import (
 )
 from .otlp import Finished, encode_finished, envelope_of, new_finished, readable_spans, spans_of, wrap
 
-__all__ = ["SCOPE", "TRACE_HEADERS", "Tracing", "carrier", "current_ids", "enabled", "fixed_decisions"]
+__all__ = ["MAX_QUEUE_BYTES", "REQUEST_ID_LIMIT", "SCOPE", "TRACE_HEADERS", "Tracing", "carrier", "current_ids",
+           "enabled", "fixed_decisions"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +72,13 @@ _PLAIN_TRACEPARENT: Final = re.compile("00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 _STATE: Final = "otel"  # Timer.state key: the request's `_Traced`, kept after it finished (log lines use its ids)
 SCOPE: Final = "oip.server"  # the instrumentation scope of the server's spans
 _SPANS: Final = 5  # the spans of a request that is not decoupled: its own and one per phase
+REQUEST_ID_LIMIT: Final = 256
+"""Characters of a client's request id the server repeats: in a log line, and as a span's attribute where no
+OpenTelemetry attribute length limit is set."""
+MAX_QUEUE_BYTES: Final = 16 * 1024 * 1024
+"""Bytes the export queue holds at most (as well as `OTEL_BSP_MAX_QUEUE_SIZE` spans)."""
+_ENTRY_BYTES: Final = 1024  # a queued request's memory but for its request id and error message (ids, phases)
+_REPORT_EVERY: Final = 60.0  # seconds between two log lines counting ignored trace contexts
 
 
 def carrier(get: Any) -> dict[str, str] | None:
@@ -83,6 +100,34 @@ def current_ids() -> tuple[str, str] | None:
 def enabled() -> bool:
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     return bool(exporter) and exporter != "none"
+
+
+class _CallerWarnings(logging.Filter):
+    """Drops the OpenTelemetry API's warnings while a thread reads a caller's trace context (an invalid
+    `tracestate` member, a `traceparent` too long...: one per request, each quoting the caller's text), and
+    counts them for a periodic line instead (`Tracing._report`)."""
+
+    LOGGERS: Final = ("opentelemetry.trace.span", "opentelemetry.trace.propagation.tracecontext")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = threading.local()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(self.reading, "on", False):
+            self.count += 1
+            return False
+        return True
+
+    def install(self) -> None:
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            if self not in logger.filters:
+                logger.addFilter(self)
+
+
+_CALLER_WARNINGS: Final = _CallerWarnings()
 
 
 class _Traced:
@@ -125,6 +170,9 @@ class Tracing(Observer):
         self.sampler = provider.sampler
         self.ids = provider.id_generator
         self.propagator = TraceContextTextMapPropagator()
+        _CALLER_WARNINGS.install()
+        self._reading = _CALLER_WARNINGS.reading
+        self._next_report = 0.0
         random_flag = getattr(trace.TraceFlags, "RANDOM_TRACE_ID", 0)
         self._random_flag = random_flag if random_flag and provider.id_generator.is_trace_id_random() else 0
         flags = {bits: trace.TraceFlags(bits) for bits in {0, 1, self._random_flag, 1 | self._random_flag}}
@@ -153,7 +201,16 @@ class Tracing(Observer):
         self.batch_size = max(1, min(int(_env_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)) // _SPANS,
                                      self.max_queue))
         self.queue: collections.deque[Finished] = collections.deque()
+        self.max_queue_bytes = MAX_QUEUE_BYTES
+        self.queued_bytes = 0  # `_size` of what is queued (under `_queue_lock`)
+        self._queue_lock = threading.Lock()
         self.dropped = 0
+        # String attributes from the request are cut to the SDK's attribute length limit (None: no limit), a
+        # request id to REQUEST_ID_LIMIT without one.
+        from opentelemetry.sdk.trace import SpanLimits
+
+        self.value_limit: int | None = SpanLimits().max_span_attribute_length
+        self.id_limit = REQUEST_ID_LIMIT if self.value_limit is None else self.value_limit
         self._wake = threading.Event()
         self._stopping = False
         self._given_up = False  # the stop's deadline passed: nothing more is exported
@@ -173,7 +230,12 @@ class Tracing(Observer):
         if caller:
             parent_context = self.plain_caller(caller) if self.fixed is not None else None
             if parent_context is None:  # anything but a plain traceparent, or a sampler that takes a context
-                parent = self.propagator.extract(caller)
+                reading = self._reading
+                reading.on = True  # the API's warnings about the caller's text are counted, not logged
+                try:
+                    parent = self.propagator.extract(caller)
+                finally:
+                    reading.on = False
                 parent_context = trace.get_current_span(parent).get_span_context()
         if parent_context is not None and parent_context.is_valid:
             trace_id, parent_id, remote = parent_context.trace_id, parent_context.span_id, parent_context.is_remote
@@ -249,14 +311,23 @@ class Tracing(Observer):
             self._attach(traced.previous)
         if not traced.sampled:
             return
-        if len(self.queue) >= self.max_queue:
-            self.dropped += 1
-            return
-        self.queue.append(new_finished(Finished, (
-            traced, model, version, request_id, state.get("transport", ""), status, message, start_ns, end_ns,
-            phases, offset,
-        )))
-        if len(self.queue) >= self.batch_size and not self._wake.is_set():
+        if len(request_id) > self.id_limit:
+            request_id = request_id[:self.id_limit]
+        limit = self.value_limit
+        if limit is not None and (len(model) > limit or len(version) > limit):
+            model, version = model[:limit], version[:limit]
+        size = _size(request_id, message)
+        queue = self.queue
+        with self._queue_lock:
+            if len(queue) >= self.max_queue or self.queued_bytes + size > self.max_queue_bytes:
+                self.dropped += 1
+                return
+            self.queued_bytes += size
+            queue.append(new_finished(Finished, (
+                traced, model, version, request_id, state.get("transport", ""), status, message, start_ns, end_ns,
+                phases, offset,
+            )))
+        if len(queue) >= self.batch_size and not self._wake.is_set():
             self._wake.set()
 
     request_ran_alone = request_finished  # a model run is nothing to trace
@@ -281,8 +352,19 @@ class Tracing(Observer):
             stopping = self._stopping
             # Woken by a full batch: export full batches; at the schedule's delay or the stop: everything.
             self.flush(self.batch_size if woken and not stopping else 1)
+            self._report(stopping)
             if stopping:
                 return
+
+    def _report(self, last: bool = False) -> None:
+        """Log how many callers' trace contexts were invalid (ignored), at most once every _REPORT_EVERY s, and
+        what is left to tell at the `last`."""
+        now = time.monotonic()
+        if _CALLER_WARNINGS.count and (now >= self._next_report or last):
+            count, _CALLER_WARNINGS.count = _CALLER_WARNINGS.count, 0
+            self._next_report = now + _REPORT_EVERY
+            log.info("%d caller trace context(s) (traceparent, tracestate) were invalid in part or whole and were "
+                     "ignored, as W3C Trace Context asks", count)
 
     def span_ids(self, count: int) -> Iterator[int]:
         """`count` span ids from the configured id generator. The SDK's default one draws each id as 64 random
@@ -297,7 +379,9 @@ class Tracing(Observer):
         """Export what is queued, while `at_least` requests are, in batches of `batch_size` requests at most."""
         queue = self.queue
         while len(queue) >= at_least and not self._given_up:
-            batch = [queue.popleft() for _ in range(min(len(queue), self.batch_size))]
+            with self._queue_lock:
+                batch = [queue.popleft() for _ in range(min(len(queue), self.batch_size))]
+                self.queued_bytes -= sum(_size(finished.request_id, finished.message) for finished in batch)
             ids = self.span_ids(sum(len(finished.phases) for finished in batch))  # the phases' span ids
             try:
                 if self.post is not None and self.envelope is not None:
@@ -348,6 +432,11 @@ class Tracing(Observer):
                 self.exporter.shutdown()
             except Exception:
                 log.exception("the trace exporter failed to stop")
+
+
+def _size(request_id: str, message: str) -> int:
+    """The memory a queued request holds, about: its parts of a bounded size, its request id and error message."""
+    return _ENTRY_BYTES + sys.getsizeof(request_id) + sys.getsizeof(message)
 
 
 def _own_span_context(trace: Any) -> Callable[[int, int, Any, Any], Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Ports", "SignalLatch", "bound_socket", "listening_socket", "write_ports_file"]
+__all__ = ["Ports", "SignalLatch", "address", "bound_socket", "listening_socket", "write_ports_file"]
 
 
 @dataclass(frozen=True)
@@ -25,24 +25,32 @@ class Ports:
     metrics: int | None = None  # --metrics-port
 
 
-def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (0: a free port), not yet listening."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:  # one of several workers on this port: the kernel spreads connections over them
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+def address(host: str, port: int) -> str:
+    """`host:port` as it is written in a URL (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bound_socket(host: str, port: int, reuse_port: bool = False, what: str = "") -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: a free port), not yet listening. OSError naming `what` it is for
+    ("REST"), the host and the port when it cannot be bound."""
+    sock: socket.socket | None = None
     try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:  # one of several workers on this port: the kernel spreads connections over them
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        raise OSError(f"cannot listen{' for ' + what if what else ''} on {address(host, port)}: "
+                      f"{exc.strerror or exc}") from None
     return sock
 
 
-def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def listening_socket(host: str, port: int, reuse_port: bool = False, what: str = "") -> socket.socket:
     """`bound_socket`, listening, not inherited by child processes."""
-    sock = bound_socket(host, port, reuse_port)
+    sock = bound_socket(host, port, reuse_port, what)
     sock.listen(2048)
     sock.set_inheritable(False)
     return sock

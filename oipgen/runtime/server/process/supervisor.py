@@ -5,7 +5,11 @@ The supervisor reserves the REST and gRPC ports (a port of 0 becomes a free one)
 workers' control sockets (`cluster`) and starts N workers, each a full server (data plane, models, both
 transports) listening with SO_REUSEPORT, so the kernel spreads connections over them. It reports ready (the
 ports file, the log line) only once every worker is serving. A worker that dies is logged and started again; the
-new one copies the others' control-plane state before it listens, and the ports file names it once it does.
+new one copies the others' control-plane state before it listens, and the ports file names it once it does. A
+worker that is alive but stuck is treated as dead: the supervisor pings every worker on its control socket every
+`_PROBE_EVERY` seconds (`cluster.ping`, answered by the worker's event loop), and one that has answered none for
+`UNRESPONSIVE_AFTER` seconds while serving, or that a peer reports as having missed an operation that changes state
+(`cluster.missed_path`), is killed (SIGKILL), logged, and started again like any worker that died.
 SIGTERM or SIGINT is passed on to every worker as SIGTERM: each drains its requests in flight, and the supervisor
 exits 0 when all did. A second signal kills the workers at once. If the supervisor itself is killed, the workers
 get SIGTERM (Linux' parent-death signal).
@@ -14,6 +18,7 @@ get SIGTERM (Linux' parent-death signal).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -24,6 +29,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import Final
 
 from ..observe.logs import configure_logging
-from .cluster import WorkerRole, socket_path
+from .cluster import WorkerRole, missed_path, ping, socket_path
 from .sockets import Ports, SignalLatch, bound_socket, write_ports_file
 
 __all__ = ["Target", "cpu_count", "supervise"]
@@ -45,6 +51,10 @@ log = logging.getLogger(__name__)
 _RESTARTS: Final = 5  # a worker that dies this many times within _RESTART_WINDOW seconds stops the server
 _RESTART_WINDOW: Final = 60.0
 _POLL: Final = 0.2
+_PROBE_EVERY: Final = 2.0  # seconds between two pings of each worker
+_PING_TIMEOUT: Final = 2.0
+UNRESPONSIVE_AFTER: Final = 30.0
+"""Seconds a serving worker may go without answering a ping before it is killed and started again."""
 
 
 def cpu_count() -> int:
@@ -55,9 +65,10 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _reserve(host: str, port: int) -> socket.socket:
-    """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too."""
-    return bound_socket(host, port, reuse_port=True)
+def _reserve(host: str, port: int, what: str) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket holding `port` (0: a free one) while the workers bind it too
+    (OSError naming `what` it is for, the host and the port when it cannot)."""
+    return bound_socket(host, port, reuse_port=True, what=what)
 
 
 def _die_with_parent() -> None:
@@ -74,6 +85,31 @@ def _worker_main(target: Target, args: argparse.Namespace, role: WorkerRole, log
     raise SystemExit(target(args, role))
 
 
+class _Prober(threading.Thread):
+    """Pings every worker that listens on its control socket, every _PROBE_EVERY seconds, all at once; `answered`
+    holds when each last answered (time.monotonic(), by index)."""
+
+    def __init__(self, folder: Path, key: bytes) -> None:
+        super().__init__(name="oip-probe", daemon=True)
+        self.folder = folder
+        self.key = key
+        self.answered: dict[int, float] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(_PROBE_EVERY):
+            asyncio.run(self._round())
+
+    async def _round(self) -> None:
+        paths = {int(number): p for p in self.folder.glob("worker-*.sock")
+                 if (number := p.stem.removeprefix("worker-")).isdigit()}
+        answers = await asyncio.gather(*(ping(path, self.key, _PING_TIMEOUT) for path in paths.values()))
+        now = time.monotonic()
+        for index, answered in zip(paths, answers, strict=True):
+            if answered:
+                self.answered[index] = now
+
+
 class _Supervisor:
     def __init__(self, args: argparse.Namespace, count: int, target: Target) -> None:
         self.args = args
@@ -86,12 +122,17 @@ class _Supervisor:
         self.restarts: dict[int, list[float]] = {i: [] for i in range(count)}
         self.signals = SignalLatch(self.draining, self.killing)
         self.metrics_port: int | None = None
+        self.prober = _Prober(self.folder, self.key)
+        self.serving_since: dict[int, float] = {}  # by index: when the supervisor saw the worker serving
+        self.stuck: set[int] = set()  # killed for being stuck, not yet seen dead
 
     def ready_file(self, index: int) -> Path:
         return self.folder / f"worker-{index}.json"
 
     def start(self, index: int, copy_state: bool) -> None:
         self.ready_file(index).unlink(missing_ok=True)
+        missed_path(socket_path(self.folder, index)).unlink(missing_ok=True)  # the new worker copies the state
+        self.stuck.discard(index)
         args = argparse.Namespace(**vars(self.args))
         args.workers = "1"
         args.ports_file = self.ready_file(index)
@@ -129,6 +170,35 @@ class _Supervisor:
         if sentinels:
             multiprocessing.connection.wait(sentinels, timeout)
         return [i for i, p in self.workers.items() if not p.is_alive()]
+
+    def serving(self, *indexes: int) -> None:
+        now = time.monotonic()
+        for index in indexes:
+            self.serving_since[index] = now
+
+    def kill_stuck(self, starting: set[int]) -> None:
+        """Kill every worker that is stuck: serving and silent for UNRESPONSIVE_AFTER seconds, or reported by a
+        peer as having missed an operation (it dies, and is started again as any worker that dies)."""
+        now = time.monotonic()
+        for index, process in self.workers.items():
+            if index in self.stuck or not process.is_alive() or process.pid is None:
+                continue
+            missed = missed_path(socket_path(self.folder, index))
+            if missed.exists():
+                operation = missed.read_text(errors="replace")[:100]
+                missed.unlink(missing_ok=True)
+                why = f"missed an operation that changes state ({operation}): a peer could not reach it in time"
+            elif index in starting:
+                continue
+            else:
+                silent = now - max(self.prober.answered.get(index, 0.0), self.serving_since.get(index, now))
+                if silent <= UNRESPONSIVE_AFTER:
+                    continue
+                why = f"answered no ping for {silent:.0f}s"
+            log.error("worker %d (pid %s) %s: killing it", index, process.pid, why)
+            self.stuck.add(index)
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGKILL)
 
     def restart(self, index: int) -> bool:
         """Start a dead worker again; False when it keeps dying."""
@@ -172,13 +242,13 @@ class _Supervisor:
         try:
             http = grpc = None
             if self.args.http_port is not None:
-                reserved.append(_reserve(settings_host, self.args.http_port))
+                reserved.append(_reserve(settings_host, self.args.http_port, "REST"))
                 http = self.args.http_port = int(reserved[-1].getsockname()[1])
             if self.args.grpc_port is not None:
-                reserved.append(_reserve(settings_host, self.args.grpc_port))
+                reserved.append(_reserve(settings_host, self.args.grpc_port, "gRPC"))
                 grpc = self.args.grpc_port = int(reserved[-1].getsockname()[1])
             if getattr(self.args, "metrics", "on") == "on" and getattr(self.args, "metrics_port", None) is not None:
-                reserved.append(_reserve(settings_host, self.args.metrics_port))
+                reserved.append(_reserve(settings_host, self.args.metrics_port, "metrics"))
                 self.metrics_port = self.args.metrics_port = int(reserved[-1].getsockname()[1])
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self.signals)
@@ -194,6 +264,8 @@ class _Supervisor:
                     return 1
             self.write_ports_file(http, grpc)
             log.info("serving with %d workers (REST port %s, gRPC port %s)", self.count, http, grpc)
+            self.serving(*range(self.count))
+            self.prober.start()
             starting: set[int] = set()  # restarted, not yet listening: the ports file names them once they listen
             while not self.signals.received:
                 for index in self.wait(_POLL):
@@ -206,10 +278,14 @@ class _Supervisor:
                 if starting and all(self.ready_file(i).exists() for i in starting):
                     for index in sorted(starting):
                         log.info("worker %d (pid %s) is serving", index, self.workers[index].pid)
+                    self.serving(*starting)
                     starting.clear()
                     self.write_ports_file(http, grpc)
+                if not self.signals.received:
+                    self.kill_stuck(starting)
             return 0 if self.stop() else 1
         finally:
+            self.prober.stopping.set()
             for sock in reserved:
                 sock.close()
             shutil.rmtree(self.folder, ignore_errors=True)

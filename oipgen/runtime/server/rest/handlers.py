@@ -17,7 +17,6 @@ Handlers only decode, call the data plane and encode; every rule of the protocol
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -31,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from ... import bodies, convert, framing
 from ..core.dataplane_base import DataPlaneBase
 from ..core.repository import ModelRepository
-from ..errors import ErrorKind, InvalidRequest, OipError, Unimplemented, bounded, failure
+from ..errors import ErrorKind, InvalidRequest, Unimplemented, bounded, failure
 from ..observe.tracing import carrier
 from ..settings import Settings
 from ..types import InferRequest, InferResponse
@@ -153,21 +152,7 @@ def json_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnl
 
 def _json_object(raw: bytes) -> dict[str, Any]:
     """The request body: a JSON object in which no key appears twice (the generate extension reads every key)."""
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in items:
-            if key in out:
-                raise InvalidRequest(f"key '{key}' appears more than once in the request body")
-            out[key] = value
-        return out
-
-    try:
-        doc = json.loads(raw, object_pairs_hook=pairs)
-    except (ValueError, RecursionError) as exc:
-        if isinstance(exc, OipError):
-            raise
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    doc = parse_json(raw, "the request body", unique_keys=True)
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {json_kind(doc)}")
     return doc

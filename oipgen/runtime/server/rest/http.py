@@ -1,9 +1,13 @@
 """The HTTP layer under the REST app: uvicorn's httptools protocol, with the server's error body and a header timeout.
 
-Two things happen below the application, where FastAPI never sees the request:
-- A request that is not valid HTTP/1.1 (a broken request line, a bad header, a header section too large): uvicorn
-  answers 400 in plain text. Here the answer is the protocol's `{"error": "..."}` as JSON, and the connection
-  closes, as before.
+What happens below the application, where FastAPI never sees the request:
+- A request that is not valid HTTP/1.1 (a broken request line, a bad header): uvicorn answers 400 in plain text.
+  Here the answer is the protocol's `{"error": "..."}` as JSON, and the connection closes, as before.
+- A request line and header section larger than `max_header_bytes` (counted as the request line, each header's
+  name and value and the line ends): uvicorn (httptools) would hold all of it, however large, in memory. Here the
+  server answers 431 with an error body as soon as the pending request line and headers are known to exceed the
+  limit (having held at most the limit and one read of the socket), then reads and drops what still comes for at
+  most two seconds and closes the connection.
 - A client that opens a connection and sends its request line and headers slowly, or nothing at all, would hold
   the connection for ever (uvicorn times out only idle keep-alive connections between requests). Here the request
   line and headers must arrive within `header_timeout` seconds of the connection's start, or of the first byte of
@@ -19,7 +23,9 @@ Two things happen below the application, where FastAPI never sees the request:
   ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
   (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
 
-Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes.
+Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
+400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
+to the same limit).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ __all__ = ["BUFFER_BODIES", "http_protocol"]
 BUFFER_BODIES: Final = "oip.http.response.buffer_bodies"
 """The ASGI scope extension of a server that writes a response body given as any bytes-like object as it is."""
 
+_LINGER: Final = 2.0  # seconds a refused connection's further bytes are read and dropped before it closes
 _MALFORMED: Final = "the request is not valid HTTP/1.1 (request line or headers could not be parsed)"
 
 
@@ -45,12 +52,15 @@ def _answer(status: bytes, message: str) -> bytes:
     ])
 
 
-def http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Protocol] | str:
+def http_protocol(header_timeout: float, body_timeout: float,
+                  max_header_bytes: int = 64 * 1024) -> type[asyncio.Protocol] | str:
     """The protocol class for `uvicorn.Config(http=...)`: httptools' with the changes above, or "auto"."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # no httptools: uvicorn's h11 protocol as it is
         return "auto"
+
+    feed = HttpToolsProtocol.data_received
 
     class Protocol(HttpToolsProtocol):
         # One timer per connection, not one or two per request (arming and cancelling loop timers on every request
@@ -61,6 +71,12 @@ def http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Pr
         _timer: asyncio.TimerHandle | None = None
         _waiting: float | None = None  # loop time at which the pending request line and headers started
         _receiving: float | None = None  # loop time of the pending body's last progress
+        # The pending request line and headers, by the reads of the socket since the one where they began: that
+        # read's size (an upper bound of their bytes in it) and the bytes read since (all theirs while pending).
+        _first: int = 0
+        _later: int = 0
+        _read: int = 0  # the size of the read being parsed
+        _refused: bool = False  # answered 431: nothing more of this connection is parsed
 
         def _watch(self, delay: float) -> None:
             self._timer = self.loop.call_later(delay, self._check)
@@ -111,26 +127,65 @@ def http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Pr
             self._disarm()
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            read = self._read = len(data)
+            if self._waiting is not None:  # a head was pending before this read: it goes on in it
+                self._later += read
+            feed(self, data)
+            if self._later > max_header_bytes and self._waiting is not None and not self._refused:
+                self._refuse()
+
+        def _head_size(self) -> int:
+            """The request line and headers as parsed: each line and its end (spaces around values not counted)."""
+            return len(self.url) + 16 + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+        def _refuse(self) -> None:
+            self._refused = True
+            self._disarm()
+            message = f"the request line and headers exceed {max_header_bytes} bytes (--http-max-header-bytes)"
+            self.transport.write(_answer(b"431 Request Header Fields Too Large", message))
+            # Closed once the client stops sending, or after a while: closing a socket with unread data resets the
+            # connection, and the client might never read the answer. What still arrives is read and dropped.
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(_LINGER, self.transport.close)
+
         def on_message_begin(self) -> None:
+            if self._refused:
+                return
+            self._first, self._later = self._read, 0
             super().on_message_begin()
             self.scope["extensions"] = {BUFFER_BODIES: {}}
             if self._waiting is None:  # a later request: its first byte starts the clock (the first: the connection)
                 self._waiting = self.loop.time()
 
         def on_headers_complete(self) -> None:
+            if self._refused:
+                return
             self._waiting = None
+            if self._first + self._later > max_header_bytes and self._head_size() > max_header_bytes:
+                self._refuse()
+                return
             super().on_headers_complete()
             self._receiving = self.loop.time()  # until the message is complete
 
         def on_body(self, body: bytes) -> None:
+            if self._refused:
+                return
             super().on_body(body)
             self._receiving = self.loop.time()
 
         def on_message_complete(self) -> None:
+            if self._refused:
+                return
             self._receiving = None
             super().on_message_complete()
 
         def send_400_response(self, msg: str) -> None:
+            if self._refused:
+                return
             self._disarm()
             self.transport.write(_answer(b"400 Bad Request", _MALFORMED))
             self.transport.close()
