@@ -10,6 +10,7 @@ test_conformance, test_interop).
 - `Server` is the process, its ports and its log: `url` (REST), `target` (gRPC), clients for both, `stop()`.
 - What a test of a running server checks again and again: error bodies, gRPC calls and their status, and a
   correct inference over both transports after anything (`check_simple`).
+- `scrape` reads a server's /metrics with Prometheus' own parser; `value` reads one sample of it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from conftest import GENERATED, SPEC
 from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 EXAMPLES = SPEC / "examples"
 MODELS_YAML = EXAMPLES / "models.yaml"
@@ -387,3 +389,43 @@ class Recording(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self.sent.append(request)
         return super().handle_request(request)
+
+
+# --- metrics ----------------------------------------------------------------------------------------------------
+
+
+def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """/metrics, parsed by Prometheus' reference parser: sample name -> labels -> value. The parser names a
+    counter's samples `<name>_total`; Triton's counters are exposed without the suffix, which is checked here and
+    undone, so that tests look samples up by the names a dashboard queries."""
+    response = httpx.get(f"{url}/metrics", timeout=TIMEOUT, trust_env=False)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            name = sample.name
+            if family.type == "counter" and name.startswith("nv_") and name.endswith("_total"):
+                name = name.removesuffix("_total")
+                assert f"\n{name}{{" in response.text and f"# TYPE {name} counter" in response.text, name
+            out.setdefault(name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """The sample `name` with exactly these labels; a sample that is not there fails (it never reads as 0)."""
+    key = tuple(sorted(labels.items()))
+    assert key in samples.get(name, {}), f"no sample {name}{dict(key)}; served: {sorted(samples.get(name, {}))}"
+    return float(samples[name][key])
+
+
+def count_before(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """A labelled counter read before the requests a test counts: its child for these labels appears with its
+    first count (prometheus_client), so before that it is absent, which is 0 here (and only here)."""
+    return float(samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0))
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory, as the kernel reports it."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024

@@ -37,15 +37,18 @@ import numpy as np
 import pytest
 from oip.grpc import grpc_service_pb2 as pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from prometheus_client.parser import text_string_to_metric_families
 from serving import (
     TIMEOUT,
     Server,
     assert_error_body,
     build_repository,
+    count_before,
+    resident_bytes,
+    scrape,
     simple_body,
     simple_grpc_request,
     start_server,
+    value,
 )
 
 # Models of this module: a batching identity, a decoupled word splitter, a model that fails, and one that keeps
@@ -130,37 +133,6 @@ def write_models(repository: Path) -> None:
 
 def fp32_body(values: list[float], shape: list[int] | None = None) -> dict[str, Any]:
     return {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape or [len(values)], "data": values}]}
-
-
-def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """/metrics, parsed by Prometheus' reference parser: sample name -> labels -> value. The parser names a
-    counter's samples `<name>_total`; Triton's counters are exposed without the suffix, which is checked here and
-    undone, so that tests look samples up by the names a dashboard queries."""
-    response = httpx.get(f"{url}/metrics", timeout=TIMEOUT, trust_env=False)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            name = sample.name
-            if family.type == "counter" and name.startswith("nv_") and name.endswith("_total"):
-                name = name.removesuffix("_total")
-                assert f"\n{name}{{" in response.text and f"# TYPE {name} counter" in response.text, name
-            out.setdefault(name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
-
-
-def value(samples: dict[str, Any], name: str, **labels: str) -> float:
-    """The sample `name` with exactly these labels; a sample that is not there fails (it never reads as 0)."""
-    key = tuple(sorted(labels.items()))
-    assert key in samples.get(name, {}), f"no sample {name}{dict(key)}; served: {sorted(samples.get(name, {}))}"
-    return float(samples[name][key])
-
-
-def count_before(samples: dict[str, Any], name: str, **labels: str) -> float:
-    """A labelled counter read before the requests a test counts: its child for these labels appears with its
-    first count (prometheus_client), so before that it is absent, which is 0 here (and only here)."""
-    return float(samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0))
 
 
 # --- a receiver of OTLP trace exports --------------------------------------------------------------------------
@@ -378,12 +350,6 @@ def test_a_model_exports_its_own_metrics(metered: Server) -> None:
     assert value(samples, "counting_request_values_bucket", **labels, le="2.0") == 2
     assert value(samples, "counting_request_values_sum", **labels) == 4
     assert not [name for name in samples if name.endswith("_created")]  # Triton's exposition has none
-
-
-def resident_bytes(pid: int) -> int:
-    """A process's resident memory, as the kernel reports it."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(status.split("VmRSS:")[1].split()[0]) * 1024
 
 
 def test_the_process_metrics(metered: Server) -> None:
@@ -1128,8 +1094,8 @@ def test_the_http_exporter_keeps_its_default_transport_where_the_environment_app
     for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
-    for name, value in environment.items():
-        monkeypatch.setenv(name, value.format(netrc=netrc))
+    for name, setting in environment.items():
+        monkeypatch.setenv(name, setting.format(netrc=netrc))
     exporter = tracing_setup._http_exporter()
     try:
         transport = exporter._client._transport

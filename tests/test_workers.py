@@ -32,9 +32,13 @@ from serving import (
     Server,
     build_repository,
     check_simple,
+    count_before,
+    resident_bytes,
+    scrape,
     simple_body,
     simple_grpc_request,
     start_server,
+    value,
 )
 
 WORKERS = 2
@@ -233,8 +237,6 @@ def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
     """Every nv_* sample of a scrape, whichever worker answers it, is the sum of what each worker served (from the
     access log, which names the worker of each answer), failures included; durations agree with the statistics
     (summed by another path), within the microsecond each worker rounds away."""
-    from test_observability import count_before, resident_bytes, scrape, value
-
     labels = {"model": "simple", "version": "1"}
     reasons = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
     before = scrape(cluster.url)
