@@ -1,5 +1,6 @@
-"""Load and fault drivers against a running OIP server, shared by the fault suite (tests/test_faults.py) and the
-load/faults view of `make bench-scale`: each runs bounded in time and returns what it measured.
+"""Load and fault drivers against a running OIP server, shared by the fault suite
+(tests/server/process/test_faults.py) and the load/faults view of `make bench-scale`: each runs bounded in time and
+returns what it measured.
 
 - `mixed_load`: `clients` concurrent clients for `duration` seconds on `simple`, a third each over REST JSON, REST
   binary (the binary tensor data extension: JSON header + raw tensors both ways) and gRPC (raw contents). Every

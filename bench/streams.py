@@ -1,8 +1,9 @@
 """Large streams against a running OIP server, and what they cost the other requests: `streams` connections each
 ask `generate_stream` of the example model `text_stream` for `words` words (one event per word) and read the events
 as fast as the sockets give them (one thread for all, in 1 MiB reads), while one probe asks GET /v2/health/live
-again and again on a connection of its own for `duration` seconds. Shared by the fault suite (tests/test_faults.py)
-and run alone to measure how long a request waits behind the streams (the probe's latencies).
+again and again on a connection of its own for `duration` seconds. Shared by the fault suite
+(tests/server/process/test_faults.py) and run alone to measure how long a request waits behind the streams (the
+probe's latencies).
 
     python bench/streams.py --rest 127.0.0.1:8000 [--streams 50] [--words 500000] [-d 10]   # one JSON object
 """

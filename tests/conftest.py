@@ -16,7 +16,8 @@ SPEC = ROOT / "spec"
 GENERATED = ROOT / "generated"
 BIN = Path(sys.executable).parent
 
-SPECS = ROOT / "tests" / "specs"  # the extra specs (variants.py) and their goldens
+TESTS = ROOT / "tests"  # the helper modules (serving, venvs, netns...) and the data; the tests are in folders
+SPECS = TESTS / "specs"  # the extra specs (variants.py) and their goldens
 
 for _path in (GENERATED, SPECS):
     if str(_path) not in sys.path:

@@ -4,7 +4,7 @@
 - `extension_removed`: the `cuda_shared_memory` extension gone: its tag, its three RPCs and its REST operations.
 - `renamed_package`: the proto package `inference` renamed `acme.serving` (RPC paths change, field numbers do not).
 - `grpc_only_added`: a gRPC-only RPC `WhoAmI` with messages of its own (`x-oip-grpc-only`), served by a data plane
-  subclass (`serve --dataplane`, tests/test_dataplane_option.py).
+  subclass (`serve --dataplane`, tests/server/core/test_dataplane_option.py).
 
 A variant's golden is `tests/specs/<name>.diff`: the unified diff from the main golden record (`generated/oip`)
 to the variant's build, every file (the manifest aside, whose hashes follow from the rest). A file the diff does

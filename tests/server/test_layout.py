@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import GENERATED
+from conftest import GENERATED, ROOT
 
 SERVER = GENERATED / "oip" / "server"
 PACKAGE = "oip.server"
@@ -188,7 +188,7 @@ def test_settings_are_frozen() -> None:
 
 def test_no_module_of_the_server_is_over_600_lines() -> None:
     assert long_modules(SERVER) == []
-    assert long_modules(Path(__file__).resolve().parent.parent / "oipgen" / "runtime" / "server") == []
+    assert long_modules(ROOT / "oipgen" / "runtime" / "server") == []
 
 
 @pytest.fixture

@@ -7,17 +7,17 @@ import math
 import re
 import struct
 import tracemalloc
-from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 import yaml
+from conftest import ROOT
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from oip import codec, datatypes
 
-SPEC = Path(__file__).resolve().parents[1] / "spec" / "datatypes.yaml"
+SPEC = ROOT / "spec" / "datatypes.yaml"
 
 ALL = [d.name for d in datatypes.DATATYPES]
 FIXED = [d.name for d in datatypes.DATATYPES if not d.variable]

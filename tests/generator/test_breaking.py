@@ -357,7 +357,8 @@ def test_against_a_git_revision(tmp_path: Path) -> None:
 
 
 def test_the_docs_document_the_command() -> None:
-    """The CI and pre-commit recipes (docs/install.md; tests/test_recipes.py runs them) and the command line page."""
+    """The CI and pre-commit recipes (docs/install.md; tests/project/test_recipes.py runs them) and the command line
+    page."""
     install = (ROOT / "docs" / "install.md").read_text()
     assert "oipgen breaking --against origin/main" in install
     assert "id: oipgen-breaking" in install

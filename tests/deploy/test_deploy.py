@@ -30,7 +30,7 @@ import jsonschema
 import netns
 import pytest
 import yaml
-from conftest import GENERATED, ROOT, SPEC, oipgen
+from conftest import GENERATED, ROOT, SPEC, TESTS, oipgen
 from serving import build_repository
 
 from oipgen.output import read_manifest
@@ -39,7 +39,7 @@ from oipgen.targets import requirements, resolve
 from oipgen.targets.deploy import DeploySettings, defaults, parse_settings, serve_command
 
 DEPLOY = GENERATED / "deploy"
-SCHEMAS = Path(__file__).parent / "data" / "kserve"
+SCHEMAS = TESTS / "data" / "kserve"
 PROTOCOL_VERSIONS = ["v1", "v2", "grpc-v1", "grpc-v2"]  # KServe's constants; its CRD has no enum for them
 SETTINGS: DeploySettings = parse_settings({}, "oip")
 # What the README documents, written here rather than read from the generator or the files under test: the
@@ -508,7 +508,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "log": str(work / "server.log"),
     }
     (work / "plan.json").write_text(json.dumps(plan))
-    report = netns.run(Path(__file__).parent / "deploy_pod.py", str(work / "plan.json"), timeout=180)
+    report = netns.run(TESTS / "deploy_pod.py", str(work / "plan.json"), timeout=180)
     report["log"] = (work / "server.log").read_text()
     report["plan"] = plan
     return report

@@ -19,9 +19,10 @@ Where the document was made to say what the server does:
   serve is 404 whatever the body, which schemathesis 4's acceptances of valid data include (2xx, 3xx, 401, 403,
   404, 409, 429, 5xx: schemathesis/config/_checks.py);
 - a shared memory region name is `not` a search for a refused character, which ECMA-262 and Python's `re` read
-  alike (tests/test_shared_memory_safety.py); it sits in `allOf`, since schemathesis replaces a path parameter's
-  own `not.pattern` with its `[/{}]`; status and unregister take the same schema (schemathesis reuses a value of
-  one operation's `region_name` in another's); register's offset and byte_size are uint64 (`maximum`);
+  alike (tests/server/extensions/test_shared_memory_safety.py); it sits in `allOf`, since schemathesis replaces a
+  path parameter's own `not.pattern` with its `[/{}]`; status and unregister take the same schema (schemathesis
+  reuses a value of one operation's `region_name` in another's); register's offset and byte_size are uint64
+  (`maximum`);
 - load and unload run in the main run: the operations that document 503 (not ready) may answer it, exactly those
   (read from the document), and load may also answer its documented 501 (below);
 - 408 and 413 count as refusals of negative data: every operation with a body documents both (a body stalled past

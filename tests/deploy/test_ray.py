@@ -25,7 +25,7 @@ from typing import Any
 import netns
 import pytest
 import yaml
-from conftest import GENERATED, ROOT
+from conftest import GENERATED, TESTS
 from serving import build_repository
 from test_deploy import RAY_GRPC_PORT, RAY_HTTP_PORT
 
@@ -34,7 +34,7 @@ from oipgen.output import read_manifest
 pytestmark = pytest.mark.ray
 
 RAY = "ray[serve]==2.60.0"
-CACHE = ROOT / "tests" / ".cache"
+CACHE = TESTS / ".cache"
 INSTALL_TIMEOUT = 900.0
 RUN_TIMEOUT = 600.0
 CONFIG = GENERATED / "deploy" / "ray" / "serve-config.yaml"
@@ -107,7 +107,7 @@ def ray(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "grpc_port": RAY_GRPC_PORT,
     }
     (work / "plan.json").write_text(json.dumps(plan))
-    report = netns.run(Path(__file__).parent / "ray_serve_check.py", str(work / "plan.json"), timeout=RUN_TIMEOUT)
+    report = netns.run(TESTS / "ray_serve_check.py", str(work / "plan.json"), timeout=RUN_TIMEOUT)
     report["install_s"] = installed
     report["total_s"] = time.monotonic() - started
     (CACHE / "ray-report.json").write_text(json.dumps({k: v for k, v in report.items() if k != "stderr"}, indent=2))
