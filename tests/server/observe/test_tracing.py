@@ -1,19 +1,13 @@
-"""Observability of the generated server: Prometheus metrics, OpenTelemetry traces, structured logs.
+"""OpenTelemetry traces of the generated server, sent to a real OTLP receiver on loopback (HTTP/protobuf and gRPC).
 
-- /metrics is read with Prometheus' own parser. Triton's nv_inference_* counters agree exactly with the
-  statistics extension for the same model and version (durations: the statistics' ns // 1000), failures carry
-  Triton's reason, a batch of n counts n inferences, a decoupled model's first response is timed, requests are
-  counted per transport, operation and answer, and a model's own metrics come out with its labels.
-- Traces go to a real OTLP receiver on loopback (HTTP/protobuf and gRPC, decoded with opentelemetry-proto): the
-  trace id sent in `traceparent` (REST header, gRPC metadata) comes back in the exported spans, the request span's
-  parent is the caller's span, and its children are the timer's phases (every one, with its parent id; one
-  compute_infer / compute_output pair per response of a decoupled model), with the attributes and status of the
-  outcome; the configured sampler decides (ratio 0 exports nothing, parent-based follows a sampled or unsampled
-  traceparent), and spans a model makes with the OpenTelemetry API are children of its request's span. The
-  spans' OTLP encoding is byte for byte the SDK encoder's. The generated clients propagate the caller's current
-  context.
-- JSON log lines of a traced request carry its request, trace and span ids; the access log has one line per
-  request over both transports.
+The trace id sent in `traceparent` (REST header, gRPC metadata) comes back in the exported spans, the request span's
+parent is the caller's span, and its children are the timer's phases (every one, with its parent id; one
+compute_infer / compute_output pair per response of a decoupled model), with the attributes and status of the
+outcome; the JSON log lines of a traced request carry its request, trace and span ids; the configured sampler
+decides (ratio 0 exports nothing, parent-based follows a sampled or unsampled traceparent), and spans a model makes
+with the OpenTelemetry API are children of its request's span. The spans' OTLP encoding is byte for byte the SDK
+encoder's, the exporters' transports are checked in process, and the generated clients propagate the caller's
+current context. Tracing off imports and calls nothing of it.
 """
 
 from __future__ import annotations
@@ -26,400 +20,41 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import numpy as np
 import pytest
+from observe_models import (
+    Receiver,
+    access_lines,
+    fp32_body,
+    observed_repository,
+    otlp_grpc_receiver,
+    otlp_http_receiver,
+)
 from oip.grpc import grpc_service_pb2 as pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from serving import (
-    TIMEOUT,
-    Server,
-    assert_error_body,
-    build_repository,
-    count_before,
-    resident_bytes,
-    scrape,
-    simple_body,
-    simple_grpc_request,
-    start_server,
-    value,
-)
-
-# Models of this module: a batching identity, a decoupled word splitter, a model that fails, and one that keeps
-# its own metrics.
-MODELS = {
-    "batched": ('class = "model:Batched"\nmax_batch_size = 8\n', '''
-        from oip.server import Model, TensorSpec
-
-        class Batched(Model):
-            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
-            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
-
-            def infer(self, inputs, parameters):
-                return {"OUTPUT0": inputs["INPUT0"]}
-    '''),
-    "words": ('class = "model:Words"\ndecoupled = true\n', '''
-        import numpy as np
-        from oip.server import Model, TensorSpec
-
-        class Words(Model):
-            inputs = (TensorSpec("TEXT", "BYTES", [1]),)
-            outputs = (TensorSpec("WORD", "BYTES", [1]),)
-
-            def infer(self, inputs, parameters):
-                for word in inputs["TEXT"][0].split():
-                    yield {"WORD": np.array([word], dtype=object)}
-    '''),
-    "broken_math": ('class = "model:BrokenMath"\n', '''
-        from oip.server import Model, TensorSpec
-
-        class BrokenMath(Model):
-            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
-            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
-
-            def infer(self, inputs, parameters):
-                raise ZeroDivisionError("the model divided by zero")
-    '''),
-    "counting": ('class = "model:Counting"\n', '''
-        from oip.server import Model, TensorSpec
-
-        class Counting(Model):
-            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
-            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
-
-            def load(self):
-                self.seen = self.metrics.counter("counting_values_total", "Values seen, by sign", ["sign"])
-                self.last = self.metrics.gauge("counting_last_sum", "Sum of the last input")
-                self.sizes = self.metrics.histogram("counting_request_values", "Values per request", buckets=[1, 2, 4])
-                self.busy = self.metrics.gauge("counting_busy", "Requests being counted")
-
-            def infer(self, inputs, parameters):
-                with self.busy.track_inprogress():  # prometheus_client's own API, through the model's labels
-                    values = inputs["INPUT0"]
-                    self.seen.labels(sign="positive").inc(int((values > 0).sum()))
-                    self.seen.labels(sign="other").inc(int((values <= 0).sum()))
-                    self.last.set(float(values.sum()))
-                    self.sizes.observe(values.size)
-                    return {"OUTPUT0": values}
-    '''),
-    "spanning": ('class = "model:Spanning"\n', '''
-        from opentelemetry import trace
-        from oip.server import Model, TensorSpec
-
-        class Spanning(Model):
-            inputs = (TensorSpec("INPUT0", "FP32", [2]),)
-            outputs = (TensorSpec("OUTPUT0", "FP32", [2]),)
-
-            def infer(self, inputs, parameters):
-                with trace.get_tracer("spanning").start_as_current_span("model work"):
-                    return {"OUTPUT0": inputs["INPUT0"]}
-    '''),
-}
-
-
-def write_models(repository: Path) -> None:
-    for name, (toml, code) in MODELS.items():
-        folder = repository / name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "model.toml").write_text(toml)
-        (folder / "model.py").write_text(textwrap.dedent(code))
-
-
-def fp32_body(values: list[float], shape: list[int] | None = None) -> dict[str, Any]:
-    return {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape or [len(values)], "data": values}]}
-
-
-# --- a receiver of OTLP trace exports --------------------------------------------------------------------------
-
-
-class Receiver:
-    """What a real OTLP endpoint received: every span of every ExportTraceServiceRequest, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def take(self, data: bytes) -> None:
-        request = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
-        with self.lock:
-            for resource in request.resource_spans:
-                attributes = {a.key: _any(a.value) for a in resource.resource.attributes}
-                for scope in resource.scope_spans:
-                    for span in scope.spans:
-                        self.spans.append({
-                            "service": attributes.get("service.name"), "resource": attributes,
-                            "name": span.name, "trace_id": span.trace_id.hex(),
-                            "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
-                            "attributes": {a.key: _any(a.value) for a in span.attributes},
-                            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
-                            "kind": span.kind, "status": (span.status.code, span.status.message),
-                            "scope": scope.scope.name,
-                        })
-
-    def trace(self, trace_id: str, count: int) -> list[dict[str, Any]]:
-        """The spans of `trace_id`, once at least `count` arrived (bounded wait)."""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with self.lock:
-                found = [s for s in self.spans if s["trace_id"] == trace_id]
-            if len(found) >= count:
-                return found
-            time.sleep(0.05)
-        raise AssertionError(f"{len(found)} span(s) of trace {trace_id} arrived, expected {count}: {self.spans}")
-
-
-def _any(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind else None
-
-
-@pytest.fixture(scope="module")
-def http_receiver() -> Iterator[tuple[Receiver, str]]:
-    receiver = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            data = self.rfile.read(int(self.headers.get("content-length", "0")))
-            assert self.path == "/v1/traces" and self.headers.get("content-type") == "application/x-protobuf"
-            receiver.take(data)
-            self.send_response(200)
-            self.send_header("content-type", "application/x-protobuf")
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield receiver, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="module")
-def grpc_receiver() -> Iterator[tuple[Receiver, str]]:
-    receiver = Receiver()
-    empty = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-
-    def export(request: bytes, context: Any) -> bytes:
-        receiver.take(request)
-        return empty
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    handler = grpc.method_handlers_generic_handler(
-        "opentelemetry.proto.collector.trace.v1.TraceService",
-        {"Export": grpc.unary_unary_rpc_method_handler(export)},
-    )
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, f"http://127.0.0.1:{port}"
-    server.stop(0)
-
-
-# --- servers ----------------------------------------------------------------------------------------------------
+from serving import TIMEOUT, Server, assert_error_body, running, simple_body, simple_grpc_request, start_server
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = build_repository(tmp_path_factory.mktemp("observability") / "models", only=("simple",))
-    write_models(root)
-    return root
+    return observed_repository(tmp_path_factory.mktemp("observability") / "models")
 
 
 @pytest.fixture(scope="module")
-def metered(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Metrics on (the default), with the histogram's buckets chosen, a separate metrics listener, access log."""
-    server = start_server(repository, tmp_path_factory.mktemp("metered"), "--metrics-buckets", "0.002,0.5,0.001",
-                          "--metrics-port", "0", "--access-log", "--log-format", "json",
-                          ready=("simple", "batched", "words", "counting"))
-    yield server
-    assert server.stop() == 0, server.log_text()
+def http_receiver() -> Iterator[tuple[Receiver, str]]:
+    with otlp_http_receiver() as receiver:
+        yield receiver
 
 
-def test_triton_counters_agree_with_statistics(metered: Server) -> None:
-    with metered.clients() as (http, stub):
-        for _ in range(5):
-            assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
-            stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT)
-        bad = simple_body()
-        bad["inputs"][0]["datatype"] = "FP32"
-        for _ in range(3):  # refused by validation: REJECTED
-            assert_error_body(http.post("/v2/models/simple/infer", json=bad), 400)
-        stats = http.get("/v2/models/simple/versions/1/stats").json()["model_stats"][0]
-    samples = scrape(metered.url)
-    labels = {"model": "simple", "version": "1"}
-    success = stats["inference_stats"]["success"]["count"]
-    assert value(samples, "nv_inference_request_success", **labels) == success == 10
-    assert value(samples, "nv_inference_count", **labels) == stats["inference_count"] == 10
-    assert value(samples, "nv_inference_exec_count", **labels) == stats["execution_count"] == 10
-    for metric, phase in (("request", "success"), ("queue", "queue"), ("compute_input", "compute_input"),
-                          ("compute_infer", "compute_infer"), ("compute_output", "compute_output")):
-        us = value(samples, f"nv_inference_{metric}_duration_us", **labels)
-        assert us == stats["inference_stats"][phase]["ns"] // 1000 and us > 0, (metric, us, stats)
-    failures = {reason: value(samples, "nv_inference_request_failure", **labels, reason=reason)
-                for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
-    assert failures == {"REJECTED": 3, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
-    assert sum(failures.values()) == stats["inference_stats"]["fail"]["count"]
-    assert value(samples, "nv_inference_pending_request_count", **labels) == 0
-
-
-def test_model_failures_are_backend_and_a_batch_counts_its_size(metered: Server) -> None:
-    with metered.http_client() as http:
-        assert http.post("/v2/repository/models/broken_math/load").status_code == 200
-        assert_error_body(http.post("/v2/models/broken_math/infer", json=fp32_body([1, 2])), 500)
-        answer = http.post("/v2/models/batched/infer", json=fp32_body([1, 2, 3, 4, 5, 6], [3, 2]))
-        assert answer.status_code == 200, answer.text
-        stats = http.get("/v2/models/batched/stats").json()["model_stats"][0]
-    samples = scrape(metered.url)
-    assert value(samples, "nv_inference_request_failure", model="broken_math", version="1", reason="BACKEND") == 1
-    assert value(samples, "nv_inference_count", model="batched", version="1") == stats["inference_count"] == 3
-    assert value(samples, "nv_inference_exec_count", model="batched", version="1") == 1
-
-
-def test_histograms_and_requests_by_transport(metered: Server) -> None:
-    before = scrape(metered.url)
-    with metered.clients() as (http, stub):
-        assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
-        assert http.post("/v2/models/nope/infer", json=simple_body()).status_code == 404
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.ModelInfer(pb.ModelInferRequest(model_name="nope"), timeout=TIMEOUT)
-        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT)
-    after = scrape(metered.url)
-
-    def delta(**labels: str) -> float:
-        return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
-
-    assert delta(transport="rest", operation="model_infer", code="200") == 1
-    assert delta(transport="rest", operation="model_infer", code="404") == 1
-    assert delta(transport="grpc", operation="ModelInfer", code="NOT_FOUND") == 1
-    assert delta(transport="grpc", operation="ServerLive", code="OK") == 1
-    # The buckets asked for, sorted, and +Inf; cumulative counts ending at the count.
-    buckets = after["nv_inference_request_duration_seconds_bucket"]
-    bounds = sorted(dict(key)["le"] for key in buckets if dict(key)["model"] == "simple")
-    assert bounds == sorted(["0.001", "0.002", "0.5", "+Inf"])
-    count = value(after, "nv_inference_request_duration_seconds_count", model="simple", version="1")
-    assert value(after, "nv_inference_request_duration_seconds_bucket", model="simple", version="1", le="+Inf") == count
-    assert count == value(after, "nv_inference_request_success", model="simple", version="1")
-
-
-def test_time_to_first_response_of_a_decoupled_model(metered: Server) -> None:
-    import tritonclient.grpc as grpcclient
-
-    results: list[Any] = []
-    client = grpcclient.InferenceServerClient(metered.target)
-    try:
-        client.start_stream(callback=lambda result, error: results.append(error or result))
-        tensor = grpcclient.InferInput("TEXT", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([b"one two three"], dtype=object))
-        client.async_stream_infer("words", [tensor])
-        deadline = time.monotonic() + TIMEOUT
-        while len(results) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        client.stop_stream()
-        client.close()
-    assert [r.as_numpy("WORD")[0] for r in results] == [b"one", b"two", b"three"]
-    samples = scrape(metered.url)
-    assert value(samples, "nv_inference_first_response_histogram_ms_count", model="words", version="1") == 1
-    bounds = {dict(k)["le"] for k in samples["nv_inference_first_response_histogram_ms_bucket"]}
-    assert bounds == {"1.0", "2.0", "500.0", "+Inf"}  # the seconds' bounds, in milliseconds (as Go writes floats)
-
-
-def test_a_model_exports_its_own_metrics(metered: Server) -> None:
-    with metered.http_client() as http:
-        answer = http.post("/v2/models/counting/infer", json=fp32_body([1.5, -2.0]))
-        assert answer.status_code == 200, answer.text
-        http.post("/v2/models/counting/infer", json=fp32_body([3.0, 4.0]))
-    samples = scrape(metered.url)
-    labels = {"model": "counting", "version": "1"}
-    assert value(samples, "counting_values_total", **labels, sign="positive") == 3
-    assert value(samples, "counting_values_total", **labels, sign="other") == 1
-    assert value(samples, "counting_last_sum", **labels) == 7.0
-    assert samples["counting_busy"] == {tuple(sorted(labels.items())): 0}
-    assert value(samples, "counting_request_values_bucket", **labels, le="1.0") == 0
-    assert value(samples, "counting_request_values_bucket", **labels, le="2.0") == 2
-    assert value(samples, "counting_request_values_sum", **labels) == 4
-    assert not [name for name in samples if name.endswith("_created")]  # Triton's exposition has none
-
-
-def test_the_process_metrics(metered: Server) -> None:
-    samples = scrape(metered.url)
-    rss = resident_bytes(metered.process.pid)
-    assert 0.7 * rss < value(samples, "process_resident_memory_bytes") < 1.3 * rss
-    assert value(samples, "process_cpu_seconds_total") > 0
-    started = value(samples, "process_start_time_seconds")
-    assert time.time() - 600 < started <= time.time()
-    assert value(samples, "process_open_fds") > 0
-    (info,) = samples["python_info"].values()
-    assert info == 1
-    assert samples["python_gc_collections_total"]
-
-
-def access_lines(server: Server, *request_ids: str) -> list[dict[str, Any]]:
-    """The JSON access-log lines of these requests, in this order, once all are logged (bounded wait)."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        lines = [json.loads(line) for line in server.log_text().splitlines() if line.startswith("{")]
-        found = {x.get("request_id"): x for x in lines if x["logger"] == "oip.access"}
-        if set(request_ids) <= found.keys() or time.monotonic() > deadline:
-            return [found[request_id] for request_id in request_ids]
-        time.sleep(0.05)
-
-
-def test_the_separate_metrics_listener_and_the_access_log(metered: Server) -> None:
-    ports = json.loads((metered.log.parent / "ports.json").read_text())
-    assert httpx.get(f"http://127.0.0.1:{ports['metrics']}/v2/health/live", trust_env=False).status_code == 404
-    with metered.clients() as (http, stub):
-        http.post("/v2/models/simple/infer", json=simple_body(id="logged-rest"))
-        request = simple_grpc_request()
-        request.id = "logged-grpc"
-        stub.ModelInfer(request, timeout=TIMEOUT)
-    rest, grpc_line = access_lines(metered, "logged-rest", "logged-grpc")
-    assert rest["transport"] == "rest" and rest["status"] == 200 and rest["path"] == "/v2/models/simple/infer"
-    assert rest["request_bytes"] > 0 and rest["response_bytes"] > 0 and rest["duration_ms"] > 0
-    assert grpc_line["transport"] == "grpc" and grpc_line["status"] == "OK" and grpc_line["operation"] == "ModelInfer"
-    assert grpc_line["request_bytes"] == request.ByteSize() and grpc_line["response_bytes"] > 0
-    # The separate listener serves the same registry as /metrics on the REST port: every sample of the server's
-    # own and of the models' (the requests counted too, logged above: a scrape of the separate listener is no
-    # request of the REST port, and one of the REST port is counted once answered).
-    separate = scrape(f"http://127.0.0.1:{ports['metrics']}")
-    served = scrape(metered.url)
-    assert separate["nv_inference_request_success"][(("model", "simple"), ("version", "1"))] >= 2
-    unchanging = {n for n in served if not n.startswith(("process_", "python_gc_"))}  # the process's own move on
-    assert {n: separate.get(n) for n in unchanging} == {n: served[n] for n in unchanging}
-    assert set(separate) == set(served)
-
-
-def test_a_long_request_id_is_cut_in_the_log(metered: Server) -> None:
-    """A client's 1 MB request id is written to the JSON log as its first 256 characters (the access log writes a
-    line per request with it), never whole."""
-    request_id = "L" + secrets.token_hex(500_000)
-    with metered.http_client() as http:
-        answer = http.post("/v2/models/simple/infer", json=simple_body(id=request_id))
-        assert answer.status_code == 200 and answer.json()["id"] == request_id
-    (line,) = access_lines(metered, request_id[:256])
-    assert line["request_id"] == request_id[:256]
-    assert request_id[:300] not in metered.log_text()
-
-
-def test_metrics_off(repository: Path, tmp_path: Path) -> None:
-    server = start_server(repository, tmp_path, "--metrics", "off", ready=("simple",))
-    try:
-        with server.http_client() as http:
-            assert_error_body(http.get("/metrics"), 404)
-            assert http.post("/v2/models/simple/infer", json=simple_body()).status_code == 200
-    finally:
-        assert server.stop() == 0, server.log_text()
+@pytest.fixture(scope="module")
+def grpc_receiver() -> Iterator[tuple[Receiver, str]]:
+    with otlp_grpc_receiver() as receiver:
+        yield receiver
 
 
 # --- traces -----------------------------------------------------------------------------------------------------
@@ -676,7 +311,7 @@ def test_the_generated_clients_propagate_the_callers_context(repository: Path, t
         assert server.stop() == 0, server.log_text()
 
 
-def test_the_generated_clients_work_without_opentelemetry(metered: Server) -> None:
+def test_the_generated_clients_work_without_opentelemetry(repository: Path, tmp_path: Path) -> None:
     """Where OpenTelemetry cannot be imported, the generated clients add nothing to a request and still answer,
     over REST and gRPC (the package is run in a process where importing `opentelemetry` fails)."""
     import subprocess
@@ -700,8 +335,9 @@ def test_the_generated_clients_work_without_opentelemetry(metered: Server) -> No
         print(sums)
         print(sorted(m for m in sys.modules if m.startswith("opentelemetry.")))
     """)
-    done = subprocess.run([sys.executable, "-c", code, metered.url, metered.target], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(GENERATED)})
+    with running(repository, tmp_path, ready=("simple",)) as server:
+        done = subprocess.run([sys.executable, "-c", code, server.url, server.target], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(GENERATED)})
     assert done.returncode == 0, done.stderr
     sums, imported = done.stdout.strip().splitlines()[-2:]
     assert json.loads(sums) == [[[i + 1 for i in range(16)]]] * 2
