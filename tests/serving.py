@@ -1,5 +1,5 @@
-"""The harness for the tests that run the generated server over real sockets (test_server, test_bad_input,
-test_conformance, test_interop).
+"""The harness for every test that runs the generated server over real sockets (tests/server/, tests/client/,
+tests/interop/, tests/deploy/, the bench's and the model client's tests).
 
 - `build_repository` writes a model repository: the models of spec/examples/models.yaml (one small generic model
   per entry, or only those named), plus, on request, EXTRA_MODELS (slow, broken, failing, byte_count,
@@ -10,7 +10,8 @@ test_conformance, test_interop).
 - `Server` is the process, its ports and its log: `url` (REST), `target` (gRPC), clients for both, `stop()`.
 - What a test of a running server checks again and again: error bodies, gRPC calls and their status, and a
   correct inference over both transports after anything (`check_simple`).
-- `scrape` reads a server's /metrics with Prometheus' own parser; `value` reads one sample of it.
+- `scrape` reads a server's /metrics with Prometheus' own parser; `value` reads one sample of it, `count_before`
+  one counter before a request, `resident_bytes` a process's RSS.
 """
 
 from __future__ import annotations
