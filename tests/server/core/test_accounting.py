@@ -20,8 +20,8 @@ from oip.server import Assembly, DataPlane, Model, ModelRepository, OipError, Se
 from oip.server.grpc import Servicer, decode_infer_request, encode_infer_response
 from oip.server.grpc.in_thread import NOT_HERE, UnaryInfer, in_thread
 from oip.server.grpc.servicer import observer
-from oip.server.observe.events import ExecutionRecord, InferenceRecord, Observer
 from oip.server.rest import decode_infer_request as decode_rest
+from recorded import Recorder
 
 Arrays = dict[str, npt.NDArray[Any]]
 
@@ -100,27 +100,13 @@ def test_one_header_check_holds_at_its_limit_on_every_way() -> None:
     assert UnaryInfer(plane(roomy).pipeline, roomy, encode_infer_response)(grpc_request("fixed", fixed)) is not None
 
 
-class Seen(Observer):
-    """Takes the records the default hooks make (the lean way's moments made into its record)."""
-
-    def __init__(self) -> None:
-        self.requests: list[InferenceRecord] = []
-        self.executions: list[ExecutionRecord] = []
-
-    def request_finished(self, record: InferenceRecord) -> None:
-        self.requests.append(record)
-
-    def execution_finished(self, record: ExecutionRecord) -> None:
-        self.executions.append(record)
-
-
 def test_the_lean_way_reports_its_phases_to_every_observer_alike() -> None:
     """A lean request that waits for the only model slot, then runs the model for a while: its queue and its
     compute_infer say so, and the statistics (which take its moments as they are) count exactly the durations of
     the record any other observer gets from them."""
     settings = Settings(model_threads=1)
     dp = plane(settings)
-    seen = Seen()
+    seen = Recorder()
     dp.observers.append(seen)
     lean = UnaryInfer(dp.pipeline, settings, encode_infer_response)
     Echo.pause = 0.03
@@ -218,7 +204,7 @@ def test_a_failure_on_the_lean_way_is_the_same_error_and_record_as_on_the_genera
     asyncio.run(repository.load_all())
     settings = Settings()
     dp = DataPlane(repository, settings)
-    seen = Seen()
+    seen = Recorder()
     dp.observers.append(seen)
     message = grpc_request("failing", np.ones(2, dtype=np.float32))
     with pytest.raises(OipError) as lean:

@@ -34,6 +34,7 @@ from oip.server import (
 from oip.server.errors import ErrorKind
 from oip.server.model import DynamicBatching
 from oip.server.observe.events import PHASES, ExecutionRecord, InferenceRecord, Observer
+from recorded import Recorder
 
 pytestmark = pytest.mark.anyio
 
@@ -44,18 +45,6 @@ SLEEP = 0.02  # seconds the test's models and consumers sleep: a lower bound for
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Recording(Observer):
-    def __init__(self) -> None:
-        self.requests: list[InferenceRecord] = []
-        self.executions: list[ExecutionRecord] = []
-
-    def request_finished(self, record: InferenceRecord) -> None:
-        self.requests.append(record)
-
-    def execution_finished(self, record: ExecutionRecord) -> None:
-        self.executions.append(record)
 
 
 class Broken(Observer):
@@ -106,13 +95,13 @@ class Tokens(Model):
             yield {"I": [i]}
 
 
-async def dataplane(*models: Model) -> tuple[DataPlane, Recording]:
+async def dataplane(*models: Model) -> tuple[DataPlane, Recorder]:
     repository = ModelRepository()
     for model in models:
         repository.add(model)
     await repository.load_all()
     dp = DataPlane(repository, Settings())
-    recording = Recording()
+    recording = Recorder()
     dp.observers.append(recording)
     return dp, recording
 

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, Settings, TensorSpec
-from oip.server.observe.events import InferenceRecord, Observer
 from oip.server.observe.metrics import Metric, render
 from oip.server.rest import create_app
+from recorded import Recorder
 
 TIMEOUT = 30.0
 KEY = (("model", "gate"), ("version", "1"))
@@ -49,14 +49,6 @@ class Gate(Model):
         if float(inputs["IN"][0]) < 0:
             raise ModelFailure("asked to fail")
         return {"OUT": inputs["IN"]}
-
-
-class Recording(Observer):
-    def __init__(self) -> None:
-        self.requests: list[InferenceRecord] = []
-
-    def request_finished(self, record: InferenceRecord) -> None:
-        self.requests.append(record)
 
 
 def plane(model: Model, **settings: Any) -> DataPlane:
@@ -210,7 +202,7 @@ def test_the_latency_histogram_is_the_statistics_own() -> None:
     dp = plane(gate, metrics_buckets=buckets)
     metrics = dp.metrics
     assert metrics is not None
-    seen = Recording()
+    seen = Recorder()
     dp.observers.append(seen)
     app = create_app(dp, dp.settings, metrics=dp.metrics, scrape=dp.metric_families)
 
