@@ -29,6 +29,7 @@ __all__ = [
     "BinaryData",
     "FramingError",
     "join",
+    "join_raw",
     "size_of",
     "split",
 ]
@@ -113,3 +114,15 @@ def join(header: bytes, chunks: Sequence[bytes | memoryview]) -> tuple[bytes, di
 def headers(header: bytes) -> dict[str, str]:
     """The headers of a body of the JSON `header` followed by binary data."""
     return {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(header))}
+
+
+def join_raw(header: bytes, chunks: Sequence[bytes | memoryview]) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """`join`, with the headers as an ASGI server sends them (lower-case names and values as latin-1 bytes)."""
+    if not chunks:
+        return header, _RAW_JSON
+    return b"".join([header, *chunks]), [_RAW_BINARY, (_RAW_HEADER_LENGTH, str(len(header)).encode("latin-1"))]
+
+
+_RAW_JSON: Final = [(b"content-type", JSON_TYPE.encode("latin-1"))]  # never changed: its readers copy it
+_RAW_BINARY: Final = (b"content-type", BINARY_TYPE.encode("latin-1"))
+_RAW_HEADER_LENGTH: Final = HEADER_LENGTH.lower().encode("latin-1")

@@ -255,20 +255,12 @@ def encode_infer_response(
         raise ModelFailure(f"the model's response cannot be written as JSON: {exc}") from None
     if parts and sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
         return BinaryParts(header, chunks)
-    if not chunks:
-        return _Answer(header, _JSON_HEADERS)
-    return _Answer(b"".join([header, *chunks]), [(b"content-type", _BINARY_TYPE),
-                                                 (_HEADER_LENGTH, str(len(header)).encode("latin-1"))])
-
-
-_JSON_HEADERS: Final = [(b"content-type", framing.JSON_TYPE.encode("latin-1"))]
-_BINARY_TYPE: Final = framing.BINARY_TYPE.encode("latin-1")
-_HEADER_LENGTH: Final = framing.HEADER_LENGTH.lower().encode("latin-1")
+    return _Answer(*framing.join_raw(header, chunks))
 
 
 class _Answer(Response):
-    """A whole inference answer: the headers `Response` would make of `framing.join`'s (content type, header length,
-    then content length), made here without working them out again for every answer."""
+    """A whole inference answer with the headers `framing.join_raw` gives, then its content length: what `Response`
+    would make of `framing.join`'s, without working them out again for every answer."""
 
     def __init__(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.status_code = 200
