@@ -1,6 +1,6 @@
 """Profile our server under one workload with py-spy (from bench/setup.sh's tools venv).
 
-    python bench/profile.py simple_grpc -c 8 [-d 8] [--elements N] [--native] [--out DIR]
+    python bench/profile.py simple_grpc -c 8 [-d 8] [--elements N] [--native] [--gil] [--out DIR]
 
 Starts our server on CPU 0, drives it with bench/loadgen.py on CPU 1, records it with py-spy meanwhile (collapsed
 stacks, `profile-<workload>.txt`, and an SVG flame graph), and prints where the samples fall: the functions
@@ -23,7 +23,7 @@ import servers
 from servers import BENCH, CLIENT_CPU
 
 
-def summarize(collapsed: Path, top: int = 25) -> str:
+def summarize(collapsed: Path, top: int = 25, every_thread: bool = False) -> str:
     inclusive: collections.Counter[str] = collections.Counter()
     exclusive: collections.Counter[str] = collections.Counter()
     total = others = 0
@@ -32,7 +32,7 @@ def summarize(collapsed: Path, top: int = 25) -> str:
         if not stack:
             continue
         count = int(count_text)
-        if "Runner.run" not in stack:  # worker threads: mostly waiting for work, which py-spy cannot tell apart
+        if "Runner.run" not in stack and not every_thread:  # worker threads: mostly waiting, unless sampled by GIL
             others += count
             continue
         total += count
@@ -42,7 +42,8 @@ def summarize(collapsed: Path, top: int = 25) -> str:
         for frame in set(frames):
             inclusive[frame] += count
         exclusive[frames[-1]] += count
-    lines = [f"{total} samples of the event loop's thread ({others} of other threads)", "", "inclusive:"]
+    whose = "every thread holding the GIL" if every_thread else "the event loop's thread"
+    lines = [f"{total} samples of {whose} ({others} of other threads)", "", "inclusive:"]
     lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
     lines += ["", "exclusive:"]
     lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in exclusive.most_common(top)]
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--duration", type=float, default=8.0)
     p.add_argument("--elements", type=int, default=1_000_000)
     p.add_argument("--native", action="store_true", help="include native (C) frames")
+    p.add_argument("--gil", action="store_true",
+                   help="sample only the thread holding the GIL (where a threaded server's Python time goes)")
     p.add_argument("--out", type=Path, default=BENCH / ".work")
     p.add_argument("--models", type=Path, help="the model repository (default: examples/models)")
     p.add_argument("--server", default="oipgen", choices=("oipgen", *servers.VARIANTS),
@@ -94,6 +97,7 @@ def _profile(args: argparse.Namespace, pyspy: Path, stem: str) -> int:
             "-r",
             "250",
             *(["--native"] if args.native else []),
+            *(["--gil"] if args.gil else []),
         ]
         for fmt, suffix in (("raw", ".txt"),):
             subprocess.run(["taskset", "-c", CLIENT_CPU, str(pyspy), "record", *common, "-f", fmt,
@@ -101,7 +105,7 @@ def _profile(args: argparse.Namespace, pyspy: Path, stem: str) -> int:
                            capture_output=True)  # fmt: skip
         out, _ = load.communicate(timeout=args.duration + 120)
     print(out.strip())
-    print(summarize(args.out / (stem + ".txt")))
+    print(summarize(args.out / (stem + ".txt"), every_thread=args.gil))
     return 0
 
 

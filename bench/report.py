@@ -235,6 +235,18 @@ def _pair(summary: dict[str, Any], scenario: str, metric: str) -> tuple[float | 
     return get(summary, OURS, scenario, metric, tool), get(summary, REFERENCE, scenario, metric, tool), tool
 
 
+def _floor_against_triton(summary: dict[str, Any], scenario: str) -> str:
+    """Where the bare transport stands against Triton on `scenario` (bench/loadgen.py's figures of both), when it
+    spends more CPU per request than Triton does per inference: no Python server on that transport can meet a
+    target of Triton's CPU there."""
+    floor = get(summary, FLOOR, scenario, "server_cpu_us_per_infer")
+    triton = get(summary, REFERENCE, scenario, "server_cpu_us_per_infer")
+    if not floor or not triton or floor <= triton:
+        return ""
+    return (f"; the bare transport alone spends {_num(floor)} us per request, {floor / triton:.2f}x Triton's "
+            f"{_num(triton)} us")
+
+
 def _targets_against_triton(document: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """Issue 30's targets, as ratios from this run: Triton's throughput and CPU per inference on every new
     scenario, `simple` beyond Triton's, the large gRPC identity, and small requests near the transport's floor."""
@@ -246,8 +258,8 @@ def _targets_against_triton(document: dict[str, Any], summary: dict[str, Any]) -
         if not ours or not triton:
             out.append((text, "not measured", None))
             return
-        out.append((text, f"{_num(ours, 1)} vs {_num(triton, 1)} infer/s = {ours / triton:.2f}x ({tool})",
-                    ours >= bound * triton))
+        out.append((text, f"{_num(ours, 1)} vs {_num(triton, 1)} infer/s = {ours / triton:.2f}x ({tool})"
+                    + _floor_against_triton(summary, scenario), ours >= bound * triton))
 
     for name in scenarios:
         if not BY_NAME[name].new:
@@ -258,7 +270,7 @@ def _targets_against_triton(document: dict[str, Any], summary: dict[str, Any]) -
             out.append((text, "not measured", None))
             continue
         out.append((text, f"{rates[0] / rates[1]:.2f}x infer/s, {cpus[0] / cpus[1]:.2f}x the CPU "
-                    f"({_num(cpus[0])} vs {_num(cpus[1])} us; {rates[2]})",
+                    f"({_num(cpus[0])} vs {_num(cpus[1])} us; {rates[2]})" + _floor_against_triton(summary, name),
                     rates[0] >= rates[1] and cpus[0] <= cpus[1]))
     for scenario, bound in (("simple_rest_c8", 1.5), ("simple_grpc_c8", 1.3), ("identity_grpc_raw", 1.5)):
         if scenario in scenarios:
@@ -296,11 +308,13 @@ def _scenario_table(document: dict[str, Any], summary: dict[str, Any]) -> list[s
         "(infer/s: ours over Triton's, higher is better; CPU: ours over Triton's, lower is better). Floor: the bare "
         "transport (uvicorn for REST, grpcio for gRPC) answering our server's recorded answer under the same load, "
         "its CPU per request and ours over it (bench/loadgen.py for both; target <= "
-        f"{FLOOR_TARGET}x). perf_analyzer's latency of a decoupled model is that of the first response.",
+        f"{FLOOR_TARGET}x), and the floor's CPU over Triton's (above 1.00x: the bare transport alone spends more than "
+        "Triton, so no Python server on it can match Triton's CPU there). perf_analyzer's latency of a decoupled "
+        "model is that of the first response.",
         "",
         "| scenario | load | oipgen infer/s · p50 | Triton infer/s · p50 | infer/s ratio | oipgen CPU | Triton CPU "
-        "| CPU ratio | floor CPU | oipgen CPU / floor |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU ratio | floor CPU | oipgen CPU / floor | floor CPU / Triton's |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in meta["scenarios"]:
         tool = ranking_tool(summary, name, OURS)
@@ -312,11 +326,13 @@ def _scenario_table(document: dict[str, Any], summary: dict[str, Any]) -> list[s
         cpus = [get(summary, s, name, "server_cpu_us_per_infer", tool) for s in (OURS, REFERENCE)]
         ours_lg = get(summary, OURS, name, "server_cpu_us_per_infer")
         floor = get(summary, FLOOR, name, "server_cpu_us_per_infer")
+        triton_lg = get(summary, REFERENCE, name, "server_cpu_us_per_infer")
         label = "perf_analyzer" if tool == PERF_ANALYZER else "loadgen"
         lines.append(
             f"| {title(name, meta['elements'])} | {label} | {cells[0]} | {cells[1]} | {_ratio(rates[0], rates[1])} | "
             f"{_num(cpus[0])} us | {_num(cpus[1])} us | {_ratio(cpus[0], cpus[1])} | "
-            + (f"{_num(floor)} us | {_ratio(ours_lg, floor)} |" if floor else "- | - |")
+            + (f"{_num(floor)} us | {_ratio(ours_lg, floor)} | {_ratio(floor, triton_lg)} |" if floor
+               else "- | - | - |")
         )
     return [*lines, ""]
 

@@ -363,6 +363,8 @@ def test_report_holds_every_scenario_to_triton_and_the_floor(tmp_path: Path) -> 
     for record in records:
         if record["server"] == "triton" and record["scenario"] == "simple_grpc_c1" and record["tool"] == "loadgen":
             record["p50_ms"] = 0.5  # Triton's latency below ours
+        if record["server"] == "floor" and record["scenario"] == "batched_grpc_c32":
+            record["server_cpu_us_per_infer"] = 180.0  # the bare transport alone above Triton's CPU
     meta = {"date": "today", "host": "here", "cpus": 2, "python": "3.11", "git": {"sha": "0" * 40, "dirty": False},
             "versions": {}, "reference": "triton", "load_average_before": [0.1] * 3, "load_average_after": [0.2] * 3,
             "servers": ["oipgen", "triton"], "scenarios": list(report.TITLES), "repeats": 1, "duration_s": 1.0,
@@ -383,12 +385,18 @@ def test_report_holds_every_scenario_to_triton_and_the_floor(tmp_path: Path) -> 
     assert met[f"simple REST JSON c=8: {floor}"] == ("120 vs 100 us = 1.20x", True)
     assert met[f"simple gRPC c=8: {floor}"] == ("120 vs 90 us = 1.33x", False)
     assert not any(name.startswith("identity") and floor in name for name in met)
+    batched = met["batched gRPC c=32: >= Triton's infer/s, <= its server CPU per inference"]
+    assert batched == ("1.50x infer/s, 0.80x the CPU (120 vs 150 us; loadgen); the bare transport alone spends 180 us "
+                       "per request, 1.20x Triton's 150 us", True)
+    assert "bare transport alone" not in met[new][0]  # the floor below Triton's CPU: nothing to say
     memory = met["identity 1M FP32 gRPC raw: peak memory <= memory at rest + 4x payload"][0]
     assert memory.endswith("; the bare transport answering the same bytes grows 20.0 MiB, 5.2x the payload"), memory
     text = report.markdown(document, summary)
     row = next(line for line in text.splitlines() if line.startswith("| text gRPC c=8 |"))
     assert row.startswith("| text gRPC c=8 | perf_analyzer | 900 · 1.00 ms | 1,000 · 1.00 ms | 0.90x | 200 us | "
-                          "150 us | 1.33x | 100 us | 1.20x |"), row
+                          "150 us | 1.33x | 100 us | 1.20x | 0.67x |"), row
+    row = next(line for line in text.splitlines() if line.startswith("| batched gRPC c=32 |"))
+    assert row.endswith("| 180 us | 0.67x | 1.20x |"), row
 
 
 def test_scale_checks() -> None:

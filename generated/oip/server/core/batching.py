@@ -12,16 +12,16 @@ order, one at a time per model version, as Triton's dynamic batcher does with on
 - requests batch together only when every input has the same dtype and the same shape after the batch dimension,
   and the request parameters are equal (the model gets one `parameters` mapping per call); a request that matches
   no other runs alone;
-- a batch closes as soon as it holds `max_batch_size` rows, or as soon as its first requests make up one of the
-  `preferred_batch_size` (the largest such), or when its oldest request has waited `max_queue_delay_microseconds`;
-  with a delay of 0, whatever accumulated while the previous batch ran goes at once, so batches form by
-  themselves under load;
+- a batch closes as soon as it holds `max_batch_size` rows (or the next request that could join it does not fit),
+  or as soon as its first requests make up one of the `preferred_batch_size` (the largest such), or when its oldest
+  request has waited `max_queue_delay_microseconds`; with a delay of 0, whatever accumulated while the previous
+  batch ran goes at once, so batches form by themselves under load;
 - the inputs are concatenated on the first axis (numpy), the model runs once, and every output is split back on
   the first axis by each request's row count (views, no copies).
 - requests on the event loop batch there (`Batcher`); requests that wait in threads of their own (the gRPC
   threads' lean way, for a plain `infer`) batch among themselves in those threads (`ThreadBatcher`), by the same
-  rules. An output whose first dimension is not the
-  batch's row count fails every request of the batch (model failure), as does an exception in the model.
+  rules. An output whose first dimension is not the batch's row count fails every request of the batch (model
+  failure), as does an exception in the model.
 
 Each request then goes on through the data plane like any other: its requested outputs, their order and their
 parameters (shared memory, classification, binary data) apply to its own rows. Each model call is reported as one
@@ -31,7 +31,6 @@ execution (with the batch size, `observe.events.ExecutionRecord`); each request 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -88,9 +87,10 @@ def batch_rows(inputs: Mapping[str, npt.NDArray[Any]]) -> int | None:
 def batch_key(inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]) -> Hashable:
     """Requests with equal keys can share a model call: same inputs with the same dtype and shape after the
     batch dimension, and equal parameters (compared with their types: 1, 1.0 and true differ)."""
-    tensors = tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(inputs.items()))
-    params = tuple((key, type(value).__name__, value) for key, value in sorted(parameters.items()))
-    return tensors, params
+    tensors = sorted([(name, array.dtype, array.shape[1:]) for name, array in inputs.items()])  # names differ
+    if not parameters:
+        return tuple(tensors)
+    return tuple(tensors), tuple(sorted((key, type(value).__name__, value) for key, value in parameters.items()))
 
 
 @dataclass(slots=True, eq=False)
@@ -128,14 +128,43 @@ def _entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Sh
     )
 
 
+class _Watch:
+    """The batch a queue waits to fill: the key of the request at its head and the rows of that key pending. An
+    arrival wakes the waiter only when it makes that batch due before its delay (full, or a preferred size), not
+    on every arrival: waking to find the batch still short is the batcher's main cost under load."""
+
+    __slots__ = ("key", "limit", "preferred", "rows")
+
+    def __init__(self, model: Model) -> None:
+        settings = model.dynamic_batching
+        self.limit = model.max_batch_size
+        self.preferred = frozenset(settings.preferred_batch_size) if settings is not None else frozenset()
+        self.key: Hashable = None  # None: nothing waits
+        self.rows = 0
+
+    def wait_for(self, pending: deque[_Entry]) -> None:
+        """Watch the batch the head of `pending` forms (found not due yet)."""
+        head = pending[0]
+        self.key = head.key
+        self.rows = sum(entry.rows for entry in pending if entry.key == head.key)
+
+    def completes(self, entry: _Entry) -> bool:
+        """Whether `entry`, just pending, makes the watched batch due."""
+        if entry.key != self.key:
+            return False
+        self.rows += entry.rows
+        return self.rows >= self.limit or self.rows in self.preferred
+
+
 @dataclass(eq=False)
 class _Queue:
-    """The pending requests of one model version and the task that serves them."""
+    """The pending requests of one model version, the task that serves them, and what that task waits for."""
 
     model: Model
     run: RunModel
+    watch: _Watch
     pending: deque[_Entry] = field(default_factory=deque)
-    arrival: asyncio.Event = field(default_factory=asyncio.Event)
+    waiter: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
 
 
@@ -159,11 +188,12 @@ class Batcher:
     def _enqueue(self, model: Model, run: RunModel, entry: _Entry) -> None:
         queue = self._queues.get(id(model))
         if queue is None or queue.model is not model:
-            queue = self._queues[id(model)] = _Queue(model, run)
+            queue = self._queues[id(model)] = _Queue(model, run, _Watch(model))
         queue.pending.append(entry)
-        queue.arrival.set()
         if queue.task is None or queue.task.done():
             queue.task = asyncio.create_task(self._serve(queue), name=f"batcher {model.name} {model.version}")
+        elif queue.waiter is not None and queue.watch.completes(entry):
+            _wake(queue.waiter)
 
     async def _serve(self, queue: _Queue) -> None:
         try:
@@ -186,12 +216,19 @@ class Batcher:
             now = time.perf_counter_ns()
             batch, deadline = _form(queue.model, queue.pending, now)
             if batch:
-                taken = {id(entry) for entry in batch}
-                queue.pending = deque(e for e in queue.pending if id(e) not in taken and e.waiting())
+                _take(queue.pending, batch)
                 return batch
-            queue.arrival.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(queue.arrival.wait(), (deadline - now) / 1e9)
+            # Sleep until the batch's delay is over or an arrival makes it due (`_Watch`).
+            loop = asyncio.get_running_loop()
+            waiter = queue.waiter = loop.create_future()
+            queue.watch.wait_for(queue.pending)
+            timer = loop.call_later((deadline - now) / 1e9, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                queue.waiter = None
+                queue.watch.key = None
 
     async def _run(self, queue: _Queue, batch: list[_Entry]) -> None:
         model = queue.model
@@ -216,6 +253,11 @@ class Batcher:
         for entry, share in zip(batch, shares, strict=True):
             if entry.future is not None and not entry.future.done():
                 entry.future.set_result((share, start, run_start, run_end))
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 RunInThread = Callable[[Model, Arrays, dict[str, Any]], tuple[Any, int, int]]
@@ -248,10 +290,10 @@ class ThreadBatcher:
                     queue = self._queues[id(model)] = _ThreadQueue(model)
         with queue.changed:
             queue.pending.append(entry)
-            if queue.leading:
-                queue.changed.notify()  # the leader may be waiting for this one
-            else:
+            if not queue.leading:
                 queue.leading = entry.lead = True
+            elif queue.watch.completes(entry):
+                queue.changed.notify()  # the leader waits for its batch to be due, and this one makes it so
         if not entry.lead:
             entry.wake.acquire()  # woken with its share, or to lead
         if entry.lead:
@@ -270,9 +312,10 @@ class ThreadBatcher:
                 batch, deadline = _form(model, queue.pending, now)
                 if batch:
                     break
+                queue.watch.wait_for(queue.pending)
                 queue.changed.wait((deadline - now) / 1e9)
-            taken = {id(entry) for entry in batch}
-            queue.pending = deque(e for e in queue.pending if id(e) not in taken)
+                queue.watch.key = None
+            _take(queue.pending, batch)
         try:
             start = time.perf_counter_ns()
             inputs, rows = _merge(batch)
@@ -303,10 +346,12 @@ class ThreadBatcher:
 
 
 class _ThreadQueue:
-    """The pending requests of one model version for `ThreadBatcher`; `changed` is notified on each arrival."""
+    """The pending requests of one model version for `ThreadBatcher`; `changed` is notified when an arrival makes
+    the batch the leader waits for due (`_Watch`)."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self.watch = _Watch(model)
         self.changed = threading.Condition(threading.Lock())
         self.pending: deque[_Entry] = deque()
         self.leading = False  # a request leads the next batch (one always does while any is pending)
@@ -327,6 +372,7 @@ def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry],
         if entry.key != head.key or not entry.waiting():
             continue
         if batch and rows + entry.rows > limit:
+            rows = limit  # the batch cannot grow: it goes now
             break
         batch.append(entry)
         rows += entry.rows
@@ -338,6 +384,21 @@ def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry],
     if rows >= limit or best or now >= deadline or head.rows == 0:
         return batch, 0
     return [], deadline
+
+
+def _take(pending: deque[_Entry], batch: list[_Entry]) -> None:
+    """Remove `batch`, formed from `pending`, from it (and requests no longer waiting): under load the batch is
+    the head of the queue, taken off one by one."""
+    for entry in batch:
+        if pending[0] is not entry:
+            break
+        pending.popleft()
+    else:
+        return
+    taken = {id(entry) for entry in batch}
+    kept = [e for e in pending if id(e) not in taken and e.waiting()]
+    pending.clear()
+    pending.extend(kept)
 
 
 def _merge(batch: list[_Entry]) -> tuple[Arrays, int]:
