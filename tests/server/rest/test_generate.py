@@ -21,7 +21,7 @@ import httpx
 import pytest
 from conftest import ROOT
 from httpx_sse import connect_sse
-from serving import Server, assert_error_body, running
+from serving import Server, assert_error_body, count_before, running, scrape, value
 
 # Triton's mock_llm: decoupled; for STREAM true, REPETITION copies of PROMPT (each after DELAY seconds), then an
 # error if FAIL_LAST; for STREAM false, one copy. Each response first leaves a `sent-*` file in the model's folder.
@@ -285,3 +285,23 @@ def test_shape_from_metadata() -> None:
     assert shape_for([2, -1], 3) is None
     assert shape_for([1, 1], 2) is None
     assert shape_for([1, -1], 0) == [1, 0]
+
+
+def test_generate_and_its_event_stream_are_counted_under_their_operations(server: Server, http: httpx.Client) -> None:
+    """Both routes answer outside FastAPI's router (`OipApp.fast_routes`); each answer is counted once, under its
+    own operation and status, a refusal too."""
+    before = scrape(server.url)
+    assert generate(http, {"PROMPT": TEXT, "STREAM": False}).json()["TEXT"] == TEXT
+    body = {"PROMPT": TEXT, "STREAM": True, "REPETITION": 3}
+    assert [event["TEXT"] for event in events(http, body)] == [TEXT] * 3
+    assert generate(http, {"PROMPT": TEXT}, model="nope").status_code == 404
+    after = scrape(server.url)
+
+    def delta(**labels: str) -> float:
+        return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
+
+    assert delta(transport="rest", operation="generate", code="200") == 1
+    assert delta(transport="rest", operation="generate_stream", code="200") == 1
+    assert delta(transport="rest", operation="generate", code="404") == 1
+    unknown = {"transport": "rest", "operation": "unknown", "code": "200"}
+    assert count_before(after, "oip_requests_total", **unknown) == count_before(before, "oip_requests_total", **unknown)

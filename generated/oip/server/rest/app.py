@@ -29,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ... import framing
@@ -64,10 +64,11 @@ class OipApp(FastAPI):
     """FastAPI, publishing the spec's OpenAPI document rather than one derived from the routes (at /openapi.json
     with the ready models' own inference schemas, `openapi_document`).
 
-    Inference requests (the tensor operations' routes, `fast_routes`) skip FastAPI's middleware and router:
-    their handler answers every error itself, and the framework's layers (exception and telemetry middleware,
-    the route table) cost a fifth of the CPU of a small inference. Anything else, and a wrong method on an
-    inference path, goes through FastAPI as usual.
+    Inference requests (the tensor operations' routes and the REST-only ones such as generate, `fast_routes`) skip
+    FastAPI's middleware and router: their handler answers every error itself, and the framework's layers
+    (exception and telemetry middleware, the route table) cost a fifth of the CPU of a small inference, and on an
+    event stream a wrapper per event. Anything else, and a wrong method on an inference path, goes through FastAPI
+    as usual.
     """
 
     fast_routes: tuple[tuple[str, re.Pattern[str], Handler], ...] = ()
@@ -99,6 +100,9 @@ class OipApp(FastAPI):
                     try:
                         response = await handler(Request(scope, receive, send))
                         status = response.status_code
+                        if isinstance(response, StreamingResponse):  # events: sent, and a gone client seen, by it
+                            sent = await _stream(response, scope, receive, send, log is not None)
+                            return
                         await send({"type": "http.response.start", "status": status,
                                     "headers": response.raw_headers})
                         if type(response) is BinaryParts:
@@ -132,6 +136,24 @@ class OipApp(FastAPI):
                 count(scope.get("oip_operation") or "unknown", answer[0])
             if log is not None:
                 log(scope, answer[0], answer[1], start)
+
+
+async def _stream(response: StreamingResponse, scope: Scope, receive: Receive, send: Send, counting: bool) -> int:
+    """Send a streamed answer (its own way: it watches for the client going away); the body bytes it sent, when
+    `counting` (the access log wants them), else 0."""
+    if not counting:
+        await response(scope, receive, send)
+        return 0
+    sent = 0
+
+    async def counted(message: Any) -> None:
+        nonlocal sent
+        if message["type"] == "http.response.body":
+            sent += len(message.get("body", b""))
+        await send(message)
+
+    await response(scope, receive, counted)
+    return sent
 
 
 def _path_pattern(path: str) -> re.Pattern[str]:
@@ -204,6 +226,7 @@ def create_app(
     for endpoint in sorted(every, key=_route_order):
         if isinstance(endpoint, RestOnlyEndpoint):
             handler = json_handler(dataplane, settings, endpoint)
+            app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
         elif endpoint.operation in TENSOR_OPERATIONS:
             handler = tensor_handler(dataplane, settings, endpoint, repository, tracing)
             app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)

@@ -129,6 +129,7 @@ def json_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnl
     call: Callable[[dict[str, str], dict[str, Any]], Any] = getattr(dataplane, endpoint.operation)
 
     async def handle(request: Request) -> Response:
+        request.scope["oip_operation"] = endpoint.operation
         try:
             fields = {field: request.path_params[name] for name, field in endpoint.params}
             raw = await read_body(request, settings.max_request_bytes)
