@@ -288,34 +288,41 @@ class ThreadBatcher:
                 queue = self._queues.get(id(model))
                 if queue is None or queue.model is not model:
                     queue = self._queues[id(model)] = _ThreadQueue(model)
-        with queue.changed:
+        with queue.lock:
             queue.pending.append(entry)
             if not queue.leading:
                 queue.leading = entry.lead = True
-            elif queue.watch.completes(entry):
-                queue.changed.notify()  # the leader waits for its batch to be due, and this one makes it so
+            elif queue.waiter is not None and queue.watch.completes(entry):
+                queue.waiter.release()  # the leader waits for its batch to be due, and this one makes it so
+                queue.waiter = None
         if not entry.lead:
             entry.wake.acquire()  # woken with its share, or to lead
         if entry.lead:
-            self._lead(queue, run)
+            self._lead(queue, entry, run)
         if entry.error is not None:
             raise entry.error
         assert entry.share is not None
         return entry.share
 
-    def _lead(self, queue: _ThreadQueue, run: RunInThread) -> None:
-        """Form the batch the head of the queue (this thread's request) leads, run it, hand the lead on."""
+    def _lead(self, queue: _ThreadQueue, leader: _Entry, run: RunInThread) -> None:
+        """Form the batch the head of the queue (this thread's request, `leader`) leads, run it, hand the lead on.
+        While the batch is not due the leader sleeps on its own lock (held: taken when it was made, and again when
+        it was woken to lead), which an arrival making the batch due releases, or until the batch's delay is over."""
         model = queue.model
-        with queue.changed:
-            while True:
+        wake = leader.wake
+        assert wake is not None
+        while True:
+            with queue.lock:
+                queue.waiter = None
+                queue.watch.key = None
                 now = time.perf_counter_ns()
                 batch, deadline = _form(model, queue.pending, now)
                 if batch:
+                    _take(queue.pending, batch)
                     break
                 queue.watch.wait_for(queue.pending)
-                queue.changed.wait((deadline - now) / 1e9)
-                queue.watch.key = None
-            _take(queue.pending, batch)
+                queue.waiter = wake
+            wake.acquire(timeout=(deadline - now) / 1e9)
         try:
             start = time.perf_counter_ns()
             inputs, rows = _merge(batch)
@@ -335,7 +342,7 @@ class ThreadBatcher:
                     entry.error = ModelFailure("the batch was not run")
                 if not entry.lead and entry.wake is not None:
                     entry.wake.release()
-            with queue.changed:
+            with queue.lock:
                 following = queue.pending[0] if queue.pending else None
                 if following is None:
                     queue.leading = False
@@ -346,13 +353,14 @@ class ThreadBatcher:
 
 
 class _ThreadQueue:
-    """The pending requests of one model version for `ThreadBatcher`; `changed` is notified when an arrival makes
-    the batch the leader waits for due (`_Watch`)."""
+    """The pending requests of one model version for `ThreadBatcher`, under `lock`; `waiter`: the lock a leader
+    sleeps on until its batch is due, released by the arrival that makes it so (`_Watch`)."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
         self.watch = _Watch(model)
-        self.changed = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.waiter: threading.Lock | None = None
         self.pending: deque[_Entry] = deque()
         self.leading = False  # a request leads the next batch (one always does while any is pending)
 
