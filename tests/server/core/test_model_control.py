@@ -503,7 +503,9 @@ def test_poll_mode_reloads_a_changed_model_under_load_without_failing_a_request(
         def change() -> None:  # the new instance takes a second to load: the old one serves meanwhile
             (folder / "model.toml").write_text(marked_toml(2, delay=0.2, marks=str(marks), load_delay=1.0))
 
-        results = load_while_changed(server, change)
+        # Eight callers per transport: each request opens its own connection, which the kernel hands to either
+        # worker at random, so with fewer a worker can be without a request in flight at the moment it swaps.
+        results = load_while_changed(server, change, clients=8)
     finally:
         assert server.stop() == 0, server.log_text()
     failed = [a for a in results if a.value not in (1, 2)]
