@@ -426,6 +426,11 @@ def count_before(samples: dict[str, Any], name: str, **labels: str) -> float:
     return float(samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0))
 
 
+def requests_answered(before: dict[str, Any], after: dict[str, Any], **labels: str) -> float:
+    """The requests `oip_requests_total` counted with these labels between two scrapes (it must have one after)."""
+    return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
+
+
 def resident_bytes(pid: int) -> int:
     """A process's resident memory, as the kernel reports it."""
     status = Path(f"/proc/{pid}/status").read_text()

@@ -25,7 +25,7 @@ from serving import (
     TIMEOUT,
     Server,
     assert_error_body,
-    count_before,
+    requests_answered,
     resident_bytes,
     scrape,
     simple_body,
@@ -101,13 +101,10 @@ def test_histograms_and_requests_by_transport(metered: Server) -> None:
         stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT)
     after = scrape(metered.url)
 
-    def delta(**labels: str) -> float:
-        return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
-
-    assert delta(transport="rest", operation="model_infer", code="200") == 1
-    assert delta(transport="rest", operation="model_infer", code="404") == 1
-    assert delta(transport="grpc", operation="ModelInfer", code="NOT_FOUND") == 1
-    assert delta(transport="grpc", operation="ServerLive", code="OK") == 1
+    assert requests_answered(before, after, transport="rest", operation="model_infer", code="200") == 1
+    assert requests_answered(before, after, transport="rest", operation="model_infer", code="404") == 1
+    assert requests_answered(before, after, transport="grpc", operation="ModelInfer", code="NOT_FOUND") == 1
+    assert requests_answered(before, after, transport="grpc", operation="ServerLive", code="OK") == 1
     # The buckets asked for, sorted, and +Inf; cumulative counts ending at the count.
     buckets = after["nv_inference_request_duration_seconds_bucket"]
     bounds = sorted(dict(key)["le"] for key in buckets if dict(key)["model"] == "simple")

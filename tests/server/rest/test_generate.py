@@ -21,7 +21,7 @@ import httpx
 import pytest
 from conftest import ROOT
 from httpx_sse import connect_sse
-from serving import Server, assert_error_body, count_before, running, scrape, value
+from serving import Server, assert_error_body, count_before, requests_answered, running, scrape
 
 # Triton's mock_llm: decoupled; for STREAM true, REPETITION copies of PROMPT (each after DELAY seconds), then an
 # error if FAIL_LAST; for STREAM false, one copy. Each response first leaves a `sent-*` file in the model's folder.
@@ -297,11 +297,8 @@ def test_generate_and_its_event_stream_are_counted_under_their_operations(server
     assert generate(http, {"PROMPT": TEXT}, model="nope").status_code == 404
     after = scrape(server.url)
 
-    def delta(**labels: str) -> float:
-        return value(after, "oip_requests_total", **labels) - count_before(before, "oip_requests_total", **labels)
-
-    assert delta(transport="rest", operation="generate", code="200") == 1
-    assert delta(transport="rest", operation="generate_stream", code="200") == 1
-    assert delta(transport="rest", operation="generate", code="404") == 1
+    assert requests_answered(before, after, transport="rest", operation="generate", code="200") == 1
+    assert requests_answered(before, after, transport="rest", operation="generate_stream", code="200") == 1
+    assert requests_answered(before, after, transport="rest", operation="generate", code="404") == 1
     unknown = {"transport": "rest", "operation": "unknown", "code": "200"}
     assert count_before(after, "oip_requests_total", **unknown) == count_before(before, "oip_requests_total", **unknown)
