@@ -371,28 +371,30 @@ def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry],
     head = pending[0]
     batch: list[_Entry] = []
     rows = 0
+    full = False  # holds max_batch_size rows, or the next request that could join does not fit
     best = 0  # the longest prefix of `batch` whose rows are a preferred batch size
     for entry in pending:
         if entry.key != head.key or not entry.waiting():
             continue
         if batch and rows + entry.rows > limit:
-            rows = limit  # the batch cannot grow: it goes now
+            full = True
             break
         batch.append(entry)
         rows += entry.rows
         if rows in preferred:
             best = len(batch)
+    full = full or rows >= limit
     deadline = head.arrived + delay_ns
-    if rows < limit and now < deadline and head.rows and best:
+    if not full and now < deadline and head.rows and best:
         batch = batch[:best]
-    if rows >= limit or best or now >= deadline or head.rows == 0:
+    if full or best or now >= deadline or head.rows == 0:
         return batch, 0
     return [], deadline
 
 
 def _take(pending: deque[_Entry], batch: list[_Entry]) -> None:
-    """Remove `batch`, formed from `pending`, from it (and requests no longer waiting): under load the batch is
-    the head of the queue, taken off one by one."""
+    """Remove `batch`, formed from `pending`, from it. Under load the batch is the head of the queue, taken off one
+    by one; otherwise the queue is rebuilt without it, and without the requests no longer waiting."""
     for entry in batch:
         if pending[0] is not entry:
             break
