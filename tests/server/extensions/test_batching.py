@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,6 +34,7 @@ from oip.server import (
     Tensor,
     TensorSpec,
 )
+from oip.server.core.batching import ThreadBatcher
 from oip.server.errors import ErrorKind
 from oip.server.model import DynamicBatching
 from serving import TIMEOUT, Server, assert_error_body
@@ -219,6 +221,78 @@ async def test_queue_closes_a_full_batch_and_a_preferred_one_early() -> None:
         check(response, request)
     assert model.calls == [8, 4] and not waiting[2].done()
     waiting[2].cancel()
+
+
+@pytest.mark.anyio
+async def test_queue_closes_a_batch_the_next_request_does_not_fit() -> None:
+    """Two requests of 3 rows wait for a third of 3 that would make 9 of 8: the batch cannot grow, so it goes at
+    once with 6 rows, not after its delay (an hour), and the third waits for a batch of its own."""
+    model = Recorder(delay_us=3_600_000_000)
+    dp = await dataplane(model)
+    requests = [rows_request(10 * i, rows=3) for i in range(3)]
+    waiting = [asyncio.ensure_future(dp.model_infer(r)) for r in requests]
+    responses = await asyncio.wait_for(asyncio.gather(*waiting[:2]), 30)
+    for response, request in zip(responses, requests, strict=False):
+        check(response, request)
+    assert model.calls == [6] and not waiting[2].done()
+    waiting[2].cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("preferred", "calls"), [((), [8]), ((4,), [4])])
+async def test_queue_is_woken_by_the_arrival_that_makes_its_batch_due(preferred: tuple[int, ...],
+                                                                     calls: list[int]) -> None:
+    """Requests arriving one by one while the batch waits for its delay (an hour): the one that fills it, or makes a
+    preferred size, sends it at once."""
+    model = Recorder(delay_us=3_600_000_000, preferred=preferred)
+    dp = await dataplane(model)
+    requests = [rows_request(10 * i) for i in range(calls[0])]
+    waiting = []
+    for request in requests:
+        waiting.append(asyncio.ensure_future(dp.model_infer(request)))
+        for _ in range(20):  # it reaches the queue, and the batcher goes back to waiting
+            await asyncio.sleep(0)
+        assert model.calls == [] or request is requests[-1]
+    responses = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+    for response, request in zip(responses, requests, strict=True):
+        check(response, request)
+    assert model.calls == calls
+
+
+@pytest.mark.parametrize(("preferred", "calls"), [((), [8]), ((4,), [4])])
+def test_thread_queue_is_woken_by_the_arrival_that_makes_its_batch_due(preferred: tuple[int, ...],
+                                                                      calls: list[int]) -> None:
+    """`ThreadBatcher`, as the gRPC threads use it: the first request leads and waits for its delay (an hour); each
+    other arrives in a thread of its own once the leader waits, and the one that fills the batch (or makes a
+    preferred size) wakes it."""
+    model = Recorder(delay_us=3_600_000_000, preferred=preferred)
+    batcher = ThreadBatcher()
+    ran: list[int] = []
+
+    def run(_: Any, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
+        ran.append(int(inputs["IN"].shape[0]))
+        return {"OUT": inputs["IN"] + 1}, 0, 0
+
+    shares: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        shares[i] = batcher.infer(model, {"IN": np.full((1, 2), i, dtype=np.int64)}, {}, run)
+
+    # Daemon threads: a batch never woken leaves its threads waiting for the hour, not the test.
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(calls[0])]
+    for i, thread in enumerate(threads):
+        thread.start()
+        deadline = time.monotonic() + TIMEOUT
+        while i < len(threads) - 1 and not any(queue.waiter is not None for queue in batcher._queues.values()):
+            assert time.monotonic() < deadline, "the leader never waited"
+            time.sleep(0.001)
+    deadline = time.monotonic() + 30
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert sorted(shares) == list(range(calls[0])), "a batch was not sent when it became due"
+    assert ran == calls
+    for i, (share, *_) in shares.items():
+        assert share[0]["OUT"].tolist() == [[i + 1, i + 1]]
 
 
 @pytest.mark.anyio
