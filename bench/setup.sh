@@ -28,6 +28,9 @@ PYSPY_VERSION=0.4.3
 PYTRITON_VERSION=0.7.0
 
 pip_quiet=(--quiet --disable-pip-version-check --no-input)
+# uv (installed into the checkout's .venv by `make build`) fills a venv in seconds where pip takes a minute; pip
+# when there is none.
+UV="${UV:-$(dirname "$0")/../.venv/bin/uv}"
 
 venv() {  # venv NAME PACKAGE...
     local name="$1"; shift
@@ -36,7 +39,11 @@ venv() {  # venv NAME PACKAGE...
     echo "setup: $dir <- $*"
     rm -rf "$dir"
     "$PYTHON" -m venv "$dir"
-    timeout 900 "$dir/bin/python" -m pip install "${pip_quiet[@]}" "$@"
+    if [[ -x "$UV" ]]; then
+        timeout 900 "$UV" pip install --quiet --python "$dir/bin/python" "$@"
+    else
+        timeout 900 "$dir/bin/python" -m pip install "${pip_quiet[@]}" "$@"
+    fi
     touch "$dir/.installed"
 }
 

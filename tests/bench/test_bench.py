@@ -7,7 +7,7 @@ workloads it sends (its own counts against the server's), the requests the load 
 and KServe's client write them, `bench/run.py --quick` end to end with its report and chart on a few scenarios (one
 of each kind: REST, gRPC, a stream, server-sent events), `bench/scale.py`'s checks, the report's ratios against
 Triton, targets and client-bound marks on made-up figures, and Triton itself as `make bench` starts it, on every
-workload (bench/setup.sh's Triton step alone: about 1 min and 370 MB the first time, cached in bench/.cache; then
+workload (bench/setup.sh's Triton step alone: seconds and 370 MB the first time (with uv), cached in bench/.cache; then
 about 30 s). MLServer and KServe are left to `make bench`.
 """
 
