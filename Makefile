@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-UV = $(BIN)/uv pip install --quiet --python $(BIN)/python
+UV = $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 SITE ?= site
 
 .PHONY: help build test goldens lint docs dist bench-build bench bench-scale bench-client serve conformance-matrix clean
@@ -12,7 +12,8 @@ SITE ?= site
 # oipgen with its dev tools, every part's run-time requirements from their one source (REQUIREMENTS in
 # oipgen/targets/__init__.py), and the generated distribution in generated/ as an editable install by path, so
 # the venv's python imports `oip` from generated/ (what `make build` writes) with no PYTHONPATH.
-# pip installs uv, and uv the rest (the same packages pip would choose, in a fraction of the time).
+# pip installs uv, and uv the rest (the same packages pip would choose, in a fraction of the time), compiled to
+# bytecode as pip does: nothing then compiles the libraries again in every process that imports them.
 $(STAMP): pyproject.toml oipgen/targets/__init__.py generated/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check 'uv>=0.5'

@@ -40,7 +40,7 @@ venv() {  # venv NAME PACKAGE...
     rm -rf "$dir"
     "$PYTHON" -m venv "$dir"
     if [[ -x "$UV" ]]; then
-        timeout 900 "$UV" pip install --quiet --python "$dir/bin/python" "$@"
+        timeout 900 "$UV" pip install --quiet --compile-bytecode --python "$dir/bin/python" "$@"
     else
         timeout 900 "$dir/bin/python" -m pip install "${pip_quiet[@]}" "$@"
     fi

@@ -9,7 +9,8 @@ index, so a missing package is an error there, not a skip. `rm -rf .cache` start
 
 The requirements go in with uv (a dev dependency: a fresh clone builds every venv here, and uv does in seconds
 what pip does in a minute); what `install` names, the distribution under test, goes in with pip, as users
-install it. Without uv beside this python, pip installs everything.
+install it. uv compiles the bytecode, as pip does (otherwise every process that imports the libraries
+compiles them again). Without uv beside this python, pip installs everything.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def cached_venv(name: str, requirements: Sequence[str], *, install: Sequence[str
 
 def uv_install(venv: Path) -> list[str]:
     """The command line that installs requirements into `venv` with uv (its arguments follow)."""
-    return [str(UV), "pip", "install", "--quiet", "--python", str(python(venv))]
+    return [str(UV), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python(venv))]
 
 
 def pip(venv: Path, *args: str, timeout: float = INSTALL_TIMEOUT) -> None:
