@@ -168,7 +168,7 @@ def fetch_metadata(server: str, model: str, version: str = "", deadline: float =
 def _get(tls: bool, host: str, port: int | None, path: str, clock: _Deadline) -> tuple[int, bytes]:
     """One GET over a connection of our own, so that the deadline can cut it; the status and the body (capped)."""
     port = port if port is not None else (443 if tls else 80)
-    sock = socket.create_connection((host, port), timeout=clock.left())
+    sock = _connect(host, port, clock)
     clock.watch(sock)
     connection: http.client.HTTPConnection
     if tls:
@@ -196,6 +196,38 @@ def _get(tls: bool, host: str, port: int | None, path: str, clock: _Deadline) ->
         return response.status, bytes(body)
     finally:
         connection.close()
+
+
+def _connect(host: str, port: int, clock: _Deadline) -> socket.socket:
+    """A TCP connection to `host` within the deadline, the name lookup included: the resolver has no timeout of
+    its own, so it runs in a daemon thread that is left behind when the deadline passes."""
+    found: list[Any] = []
+    done = threading.Event()
+
+    def look_up() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except Exception as exc:  # OSError, or UnicodeError for a name IDNA cannot encode: raised by the caller
+            found.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=look_up, name="oipgen-name-lookup", daemon=True).start()
+    if not done.wait(clock.left()):
+        raise TimeoutError(f"looking up {host!r}")
+    if isinstance(found[0], Exception):
+        raise found[0]
+    failure: OSError | None = None
+    for family, kind, proto, _, address in found[0]:  # each address in turn, as socket.create_connection does
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(clock.left())
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            failure = exc
+    raise failure or OSError(f"no address for {host!r}")
 
 
 def _transport_failure(exc: Exception, clock: _Deadline) -> str:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -23,7 +24,14 @@ import pytest
 from conftest import BIN, GENERATED, ROOT
 from hostile import HostileServer, Request, http_answer
 
-from oipgen.model_client import MAX_ANSWER_BYTES, MAX_DIMENSIONS, MAX_NAME, MAX_TENSORS
+from oipgen.model_client import (
+    MAX_ANSWER_BYTES,
+    MAX_DIMENSIONS,
+    MAX_NAME,
+    MAX_TENSORS,
+    ClientError,
+    fetch_metadata,
+)
 
 ENCODING_LINE = "# -*- coding: utf-8 -*-"
 
@@ -307,6 +315,26 @@ def test_a_server_that_drips_bytes_cannot_hold_the_command_past_its_deadline(whe
         result = client(server, out, "--timeout", "2", timeout=90)
         assert not dripped_all.is_set()  # the server was still dripping when the command gave up
     assert_refused(result, out, "no complete answer within 2 s")
+
+
+def test_a_name_lookup_that_does_not_answer_cannot_hold_the_fetch_past_its_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver has no timeout of its own: a lookup that answers only after 20 s (a DNS server that drops
+    queries) is cut at the deadline, like every other part of the fetch."""
+    asked = threading.Event()
+
+    def slow_lookup(*args: Any, **kwargs: Any) -> Any:
+        asked.set()
+        time.sleep(20)
+        raise socket.gaierror(socket.EAI_AGAIN, "no answer")
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_lookup)
+    started = time.monotonic()
+    lookup = r"GET http://models\.example:8000/v2/models/m: no complete answer within 1 s"
+    with pytest.raises(ClientError, match=lookup):
+        fetch_metadata("http://models.example:8000", "m", deadline=1)
+    assert asked.is_set()
+    assert time.monotonic() - started < 5
 
 
 def test_refusals_are_one_printable_line_whatever_the_command_line_holds(tmp_path: Path) -> None:
