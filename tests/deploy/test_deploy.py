@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -568,3 +569,85 @@ def test_sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period(
     assert 1.5 < pod["exit_after_sigterm_s"] < grace  # it waited for the 2 s request, and no longer than allowed
     assert pod["left_behind"] == []
 
+
+
+# --- the Ray replica's model control, in process (Ray's decorators stood in; test_ray.py runs it on a cluster) ---
+
+
+def _ray_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The generated Ray application module, imported with a stand-in `ray.serve` whose decorators leave the
+    class as it is, so that a replica can be made and driven here."""
+    import importlib.util
+    import types
+
+    serve = types.ModuleType("ray.serve")
+    def deployment(**_: Any) -> Any:
+        def bound(cls: Any) -> Any:
+            cls.bind = classmethod(lambda c, *args: (c, args))  # what the application builder hands Ray
+            return cls
+        return bound
+
+    serve.deployment = deployment  # type: ignore[attr-defined]
+    serve.ingress = lambda *_: (lambda cls: cls)  # type: ignore[attr-defined]
+    ray = types.ModuleType("ray")
+    ray.serve = serve  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    spec = importlib.util.spec_from_file_location("oip_ray_under_test", DEPLOY / "ray" / "oip_ray.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .Server.__del__. was never awaited")  # Python's GC: Ray awaits it
+def test_a_ray_replica_keeps_the_model_control_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """explicit with load_model loads only the models named; poll reads the repository again in each replica and
+    refuses load requests; a mode that does not exist is refused by `build`, before any replica starts."""
+    import asyncio
+
+    import httpx
+
+    module = _ray_module(monkeypatch)
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    spare = build_repository(tmp_path / "spare", only=("identity_fp32",))
+
+    async def replica(**settings: Any) -> Any:
+        made = module.Server.__new__(module.Server)
+        await made.__init__(str(repository), settings)
+        return made
+
+    async def status(made: Any, method: str, path: str) -> int:
+        transport = httpx.ASGITransport(app=made.__serve_build_asgi_app__())
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
+            return (await http.request(method, path)).status_code
+
+    async def scenario() -> None:
+        shutil.copytree(spare / "identity_fp32", repository / "identity_fp32")
+        explicit = await replica(model_control_mode="explicit", load_model=["simple"])
+        try:
+            assert await status(explicit, "GET", "/v2/models/simple/ready") == 200
+            assert await status(explicit, "GET", "/v2/models/identity_fp32/ready") != 200
+            assert await status(explicit, "POST", "/v2/repository/models/identity_fp32/load") == 200
+            assert await status(explicit, "GET", "/v2/models/identity_fp32/ready") == 200
+        finally:
+            await explicit.__del__()
+        shutil.rmtree(repository / "identity_fp32")
+        polled = await replica(model_control_mode="poll", repository_poll_secs=0.2)
+        try:
+            assert await status(polled, "GET", "/v2/models/identity_fp32/ready") != 200
+            assert await status(polled, "POST", "/v2/repository/models/identity_fp32/load") == 503
+            shutil.copytree(spare / "identity_fp32", repository / "identity_fp32")  # a model added: polled in
+            deadline = time.monotonic() + 20
+            while await status(polled, "GET", "/v2/models/identity_fp32/ready") != 200:
+                assert time.monotonic() < deadline, "the replica never polled the new model in"
+                await asyncio.sleep(0.1)
+        finally:
+            await polled.__del__()
+        assert polled.poller.done()  # stopped with the replica
+
+    asyncio.run(scenario())
+    assert module.build({"model_repository": str(repository), "model_control_mode": "poll"})[1][1] == {
+        "model_control_mode": "poll"}
+    with pytest.raises(ValueError, match="model-control-mode must be one of"):
+        module.build({"model_repository": str(repository), "model_control_mode": "sometimes"})

@@ -17,11 +17,14 @@ Errors keep their status: a data plane error sets its gRPC code and message on R
 error stays INVALID_ARGUMENT, NOT_FOUND... never INTERNAL), and REST answers carry the server's own status and
 `{"error": ...}` body. State a control-plane call changes (loading or unloading a model) is per replica, as it is
 per pod behind a Kubernetes service; system shared memory is not offered, since the proxy and the replicas are
-separate processes, possibly on separate machines.
+separate processes, possibly on separate machines. The model control mode is the server's
+(`model_control_mode`, `load_model`, `repository_poll_secs`, `exit_on_error`), in each replica: in poll mode every
+replica reads the repository again on its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +37,7 @@ from oip.grpc import model_config_pb2 as pb_model_config
 from oip.grpc import grpc_service_pb2 as pb_grpc_service
 from oip import extensions
 from oip.server import Assembly, ModelRepository, Settings
+from oip.server.core import model_control
 from oip.server.core.dataplane import SHARED_MEMORY, UNSUPPORTED
 
 __all__ = ["Server", "build"]
@@ -89,15 +93,24 @@ class Server:
 
     async def __init__(self, model_repository: str, settings: dict[str, Any]) -> None:
         self.settings = Settings(model_repository=Path(model_repository), **{"extensions": list(_EXTENSIONS), **settings})
+        model_control.check(self.settings)
         self.repository = ModelRepository(self.settings.model_repository)
-        await self.repository.load_all()
+        failures = await model_control.load_at_start(self.repository, self.settings)
+        if failures and self.settings.exit_on_error:
+            raise RuntimeError(f"{len(failures)} model(s) failed to load (exit_on_error): " + "; ".join(failures))
         self.assembly = Assembly.build(self.repository, self.settings)
         self.servicer = self.assembly.servicer()
+        # poll mode: each replica reads its repository again, as each keeps its own models
+        self.poller = (asyncio.create_task(model_control.poll(self.repository.sync, self.settings.repository_poll_secs))
+                       if model_control.polls(self.settings) else None)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.assembly.rest_app()
 
     async def __del__(self) -> None:
+        if self.poller is not None:
+            self.poller.cancel()
+            await asyncio.gather(self.poller, return_exceptions=True)
         await self.repository.unload_all()
 
     async def ServerLive(self, request: Any, grpc_context: Any) -> Any:
@@ -236,4 +249,5 @@ def build(args: dict[str, Any]) -> Any:
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown server settings in args: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    model_control.check(Settings(model_repository=Path(repository), **options))  # before any replica starts
     return Server.bind(str(repository), options)

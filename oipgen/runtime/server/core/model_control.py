@@ -1,7 +1,7 @@
 """Model control, by Triton's three modes (`Settings.model_control_mode`, `--model-control-mode`): which models
 load at start (`load_at_start`), whether load and unload requests are served (`refuse_requests`), and whether the
-repository is polled for changes (`polls`; the polling itself is `ModelRepository.sync`, run every
-`Settings.repository_poll_secs` by the process that serves, `process.serve`).
+repository is polled for changes (`polls`; `poll` runs `ModelRepository.sync` every
+`Settings.repository_poll_secs`, in the process that serves, `process.serve`, and in each Ray replica).
 
 - `explicit` (the default, with `load_model` "*"): the models named in `load_model` load at start ("*": every
   one), and the others on request; load and unload requests are served.
@@ -13,15 +13,17 @@ repository is polled for changes (`polls`; the polling itself is `ModelRepositor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from ..errors import NotReady
 from ..settings import Settings
 from .repository import ModelRepository
 
-__all__ = ["ALL", "MODES", "check", "load_at_start", "polls", "refuse_requests"]
+__all__ = ["ALL", "MODES", "check", "load_at_start", "poll", "polls", "refuse_requests"]
 
 MODES: Final = ("none", "explicit", "poll")
 ALL: Final = "*"
@@ -78,3 +80,15 @@ async def load_at_start(repository: ModelRepository, settings: Settings) -> list
     for failure in failures:
         log.error("%s", failure)
     return failures + [reason for reason in map(repository.failure, wanted) if reason]
+
+
+async def poll(sync: Callable[[], Awaitable[list[str]]], seconds: float) -> None:
+    """Poll mode, until cancelled: every `seconds`, make the models those of the repository as it is then
+    (`sync`), and log what changed. A failing poll is logged and the next one comes all the same."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            for change in await sync():
+                log.info("repository poll: %s", change)
+        except Exception:
+            log.exception("polling the model repository failed")

@@ -19,7 +19,7 @@ import math
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -201,7 +201,7 @@ async def serve(
                 await cluster.copy_state_from_peers()
         if model_control.polls(settings) and (worker is None or worker.index == 0):  # one poller for all
             sync = cluster.sync_everywhere if isinstance(cluster, ClusterDataPlane) else repository.sync
-            poller = asyncio.create_task(_poll_repository(sync, settings.repository_poll_secs))
+            poller = asyncio.create_task(model_control.poll(sync, settings.repository_poll_secs))
         grpc_port: int | None = None
         if settings.grpc_port is not None:
             grpc_server = assembly.grpc_server()
@@ -281,18 +281,6 @@ async def serve(
         for number in installed:
             loop.remove_signal_handler(number)
     log.info("stopped")
-
-
-async def _poll_repository(sync: Callable[[], Awaitable[list[str]]], seconds: float) -> None:
-    """Poll mode: every `seconds`, make the models those of the repository as it is then (`sync`), and log what
-    changed. A failing poll is logged and the next one comes all the same."""
-    while True:
-        await asyncio.sleep(seconds)
-        try:
-            for change in await sync():
-                log.info("repository poll: %s", change)
-        except Exception:
-            log.exception("polling the model repository failed")
 
 
 async def _start_uvicorn(server: _Uvicorn, sockets: list[socket.socket], what: str) -> asyncio.Task[None]:
