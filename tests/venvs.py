@@ -62,9 +62,9 @@ def cached_venv(name: str, requirements: Sequence[str], *, install: Sequence[str
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        steps = [[*uv_install(venv), *requirements]] if UV.is_file() else []
-        if install is not None or not steps:
-            steps.append([str(python(venv)), *PIP, *(requirements if install is None else install)])
+        steps = [[*installer(venv), *requirements]] if install is None or UV.is_file() else []
+        if install is not None:
+            steps.append([str(python(venv)), *PIP, *install])
         for step in steps:
             result = subprocess.run(step, capture_output=True, text=True, timeout=timeout)
             if result.returncode != 0:
@@ -75,9 +75,12 @@ def cached_venv(name: str, requirements: Sequence[str], *, install: Sequence[str
     return venv
 
 
-def uv_install(venv: Path) -> list[str]:
-    """The command line that installs requirements into `venv` with uv (its arguments follow)."""
-    return [str(UV), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python(venv))]
+def installer(venv: Path) -> list[str]:
+    """The command line that installs requirements into `venv` (its arguments follow): uv's, or pip's without
+    uv beside this python."""
+    if UV.is_file():
+        return [str(UV), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python(venv))]
+    return [str(python(venv)), *PIP]
 
 
 def pip(venv: Path, *args: str, timeout: float = INSTALL_TIMEOUT) -> None:

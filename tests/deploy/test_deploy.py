@@ -570,7 +570,6 @@ def test_sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period(
     assert pod["left_behind"] == []
 
 
-
 # --- the Ray replica's model control, in process (Ray's decorators stood in; test_ray.py runs it on a cluster) ---
 
 
@@ -581,6 +580,7 @@ def _ray_module(monkeypatch: pytest.MonkeyPatch) -> Any:
     import types
 
     serve = types.ModuleType("ray.serve")
+
     def deployment(**_: Any) -> Any:
         def bound(cls: Any) -> Any:
             cls.bind = classmethod(lambda c, *args: (c, args))  # what the application builder hands Ray

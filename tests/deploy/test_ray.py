@@ -28,7 +28,7 @@ import yaml
 from conftest import GENERATED, TESTS
 from serving import build_repository
 from test_deploy import RAY_GRPC_PORT, RAY_HTTP_PORT
-from venvs import PIP, UV, uv_install
+from venvs import installer
 
 from oipgen.output import read_manifest
 
@@ -74,8 +74,8 @@ def ray_venv() -> Path:
         if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
             return venv
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
-        installer = uv_install(venv) if UV.is_file() else [str(venv / "bin" / "python"), *PIP]
-        install = subprocess.run([*installer, *wanted], capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
+        install = subprocess.run([*installer(venv), *wanted], capture_output=True, text=True,
+                                 timeout=INSTALL_TIMEOUT)
         assert install.returncode == 0, f"installing {wanted} failed:\n{install.stdout[-3000:]}{install.stderr[-3000:]}"
         stamp.write_text(json.dumps(wanted))
     return venv
