@@ -651,3 +651,55 @@ def test_a_ray_replica_keeps_the_model_control_mode(monkeypatch: pytest.MonkeyPa
         "model_control_mode": "poll"}
     with pytest.raises(ValueError, match="model-control-mode must be one of"):
         module.build({"model_repository": str(repository), "model_control_mode": "sometimes"})
+
+
+_TOGETHER = """
+import threading
+
+from oip.server import Model, TensorSpec
+
+ARRIVED = threading.Barrier({parties}, timeout=10)
+
+
+class Together(Model):
+    inputs = (TensorSpec("IN", "INT32", [1]),)
+    outputs = (TensorSpec("OUT", "INT32", [1]),)
+
+    def infer(self, inputs, parameters):
+        ARRIVED.wait()  # broken, after its timeout, unless every party runs at once
+        return {{"OUT": inputs["IN"]}}
+"""
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .Server.__del__. was never awaited")  # Python's GC: Ray awaits it
+def test_a_ray_replica_runs_as_many_plain_infers_at_once_as_model_threads(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """`model_threads` is the replica's count of worker threads: that many plain `infer` calls run at once (each
+    waits until all have arrived), more than the loop's own default executor runs (min(32, cores + 4))."""
+    import asyncio
+    import os
+
+    import httpx
+
+    module = _ray_module(monkeypatch)
+    at_once = min(32, (os.cpu_count() or 1) + 4) + 2
+    folder = tmp_path / "models" / "together"
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text('class = "model:Together"\n')
+    (folder / "model.py").write_text(_TOGETHER.format(parties=at_once))
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [7]}]}
+
+    async def scenario() -> list[httpx.Response]:
+        replica = module.Server.__new__(module.Server)
+        await replica.__init__(str(tmp_path / "models"), {"model_threads": at_once})
+        try:
+            transport = httpx.ASGITransport(app=replica.__serve_build_asgi_app__())
+            async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=60) as http:
+                return await asyncio.gather(*(http.post("/v2/models/together/infer", json=body)
+                                              for _ in range(at_once)))
+        finally:
+            await replica.__del__()
+
+    answers = asyncio.run(scenario())
+    assert [answer.status_code for answer in answers] == [200] * at_once, answers[0].text
+    assert {answer.json()["outputs"][0]["data"][0] for answer in answers} == {7}

@@ -39,6 +39,7 @@ from oip import extensions
 from oip.server import Assembly, ModelRepository, Settings
 from oip.server.core import model_control
 from oip.server.core.dataplane import SHARED_MEMORY, UNSUPPORTED
+from oip.server.core.invoke import set_model_threads
 
 __all__ = ["Server", "build"]
 
@@ -94,6 +95,7 @@ class Server:
     async def __init__(self, model_repository: str, settings: dict[str, Any]) -> None:
         self.settings = Settings(model_repository=Path(model_repository), **{"extensions": list(_EXTENSIONS), **settings})
         model_control.check(self.settings)
+        set_model_threads(asyncio.get_running_loop(), self.settings.model_threads)  # the replica's loop
         self.repository = ModelRepository(self.settings.model_repository)
         failures = await model_control.load_at_start(self.repository, self.settings)
         if failures and self.settings.exit_on_error:

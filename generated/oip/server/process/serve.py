@@ -16,7 +16,6 @@ plane with the others (`cluster`); worker 0 polls, for every worker.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import math
@@ -33,6 +32,7 @@ import uvicorn
 
 from ..core import model_control
 from ..core.dataplane import DataPlane
+from ..core.invoke import set_model_threads
 from ..core.repository import ModelRepository
 from ..grpc import Servicer
 from ..grpc.server import create_server
@@ -183,11 +183,7 @@ async def serve(
     grpc_server: grpc.Server | None = None
     control: ControlServer | None = None
     poller: asyncio.Task[None] | None = None
-    # Plain `infer` methods run in the loop's default executor: exactly `model_threads` of them at once, the
-    # instance count the model configuration extension reports.
-    loop.set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="model")
-    )
+    set_model_threads(loop, settings.model_threads)
     try:
         failures = await model_control.load_at_start(repository, settings)
         if failures and settings.exit_on_error:

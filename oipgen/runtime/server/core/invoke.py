@@ -9,6 +9,7 @@ traceback, which never goes on the wire.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import queue
@@ -21,9 +22,16 @@ from ..errors import ModelFailure, OipError
 from ..model import Model
 from .batching import is_batching
 
-__all__ = ["Slots", "call_in_thread", "is_plain", "model_error", "runs_alone"]
+__all__ = ["Slots", "call_in_thread", "is_plain", "model_error", "runs_alone", "set_model_threads"]
 
 log = logging.getLogger(__name__)
+
+
+def set_model_threads(loop: asyncio.AbstractEventLoop, threads: int) -> None:
+    """Give `loop` a default executor of exactly `threads` worker threads, where plain `infer` methods run
+    (`model.call_hook`): as many as the slots that may run at once, the instance count the model configuration
+    extension reports. Whoever owns the loop calls it once, before serving (a server process, a Ray replica)."""
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="model"))
 
 
 class Slots:
