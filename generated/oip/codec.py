@@ -710,13 +710,21 @@ def from_contents(
 def from_contents_message(contents: Any, datatype: str, shape: Sequence[int], *, name: str = "") -> Array:
     """Decode an `InferTensorContents` message: the datatype's field holds the data, the others are empty."""
     info = datatype_info(datatype, name=name)
-    for field in datatypes.CONTENTS_FIELDS:
-        if field != info.contents and len(getattr(contents, field)):
-            expected = f"belongs in {info.contents}" if info.contents else "must be sent as raw contents"
-            _fail(name, f"unexpected {field} for datatype {info.name}: its data {expected}")
+    values: Any = None
+    stray: list[str] = []
+    for field, given in contents.ListFields():  # the fields holding values: one call, not a lookup per field
+        if field.name == info.contents:
+            values = given
+        else:
+            stray.append(field.name)
+    if stray:
+        order = datatypes.CONTENTS_FIELDS
+        first = min(stray, key=lambda f: order.index(f) if f in order else len(order))  # in table order
+        expected = f"belongs in {info.contents}" if info.contents else "must be sent as raw contents"
+        _fail(name, f"unexpected {first} for datatype {info.name}: its data {expected}")
     if info.contents is None:
         _fail(name, f"{info.name} has no typed contents field; send it as raw contents")
-    return from_contents(getattr(contents, info.contents), datatype, shape, name=name)
+    return from_contents(getattr(contents, info.contents) if values is None else values, datatype, shape, name=name)
 
 
 def to_contents(

@@ -707,6 +707,12 @@ def test_contents_errors() -> None:
         codec.from_contents_message(message, "INT32", [2], name="C")
     with pytest.raises(codec.CodecError, match=r"needs 3 elements, uint_contents has 2"):
         codec.from_contents_message(message, "UINT32", [3], name="C")
+    several = Contents()
+    several.fp32_contents.append(1.0)
+    several.int_contents.append(1)  # field 2, before uint_contents (4) on the wire and in ListFields()
+    several.uint_contents.append(1)
+    with pytest.raises(codec.CodecError, match="unexpected uint_contents for datatype FP32"):  # in table order
+        codec.from_contents_message(several, "FP32", [1], name="C")
     with pytest.raises(codec.CodecError, match=r"INT32 element 0 must be an integer, got number 1\.5"):
         codec.from_contents([1.5], "INT32", [1])
     with pytest.raises(codec.CodecError, match="BOOL element 0 must be a boolean"):
