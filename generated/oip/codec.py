@@ -718,8 +718,7 @@ def from_contents_message(contents: Any, datatype: str, shape: Sequence[int], *,
         else:
             stray.append(field.name)
     if stray:
-        order = datatypes.CONTENTS_FIELDS
-        first = min(stray, key=lambda f: order.index(f) if f in order else len(order))  # in table order
+        first = next((f for f in datatypes.CONTENTS_FIELDS if f in stray), stray[0])  # in table order
         expected = f"belongs in {info.contents}" if info.contents else "must be sent as raw contents"
         _fail(name, f"unexpected {first} for datatype {info.name}: its data {expected}")
     if info.contents is None:

@@ -600,6 +600,13 @@ def _ray_module(monkeypatch: pytest.MonkeyPatch) -> Any:
     return module
 
 
+async def _replica(module: Any, repository: Path, settings: dict[str, Any]) -> Any:
+    """One replica of the Ray application `module`, made as Ray makes it (its `__init__` is a coroutine)."""
+    made = module.Server.__new__(module.Server)
+    await made.__init__(str(repository), settings)
+    return made
+
+
 @pytest.mark.filterwarnings("ignore:coroutine .Server.__del__. was never awaited")  # Python's GC: Ray awaits it
 def test_a_ray_replica_keeps_the_model_control_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """explicit with load_model loads only the models named; poll reads the repository again in each replica and
@@ -612,11 +619,6 @@ def test_a_ray_replica_keeps_the_model_control_mode(monkeypatch: pytest.MonkeyPa
     repository = build_repository(tmp_path / "models", only=("simple",))
     spare = build_repository(tmp_path / "spare", only=("identity_fp32",))
 
-    async def replica(**settings: Any) -> Any:
-        made = module.Server.__new__(module.Server)
-        await made.__init__(str(repository), settings)
-        return made
-
     async def status(made: Any, method: str, path: str) -> int:
         transport = httpx.ASGITransport(app=made.__serve_build_asgi_app__())
         async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
@@ -624,7 +626,7 @@ def test_a_ray_replica_keeps_the_model_control_mode(monkeypatch: pytest.MonkeyPa
 
     async def scenario() -> None:
         shutil.copytree(spare / "identity_fp32", repository / "identity_fp32")
-        explicit = await replica(model_control_mode="explicit", load_model=["simple"])
+        explicit = await _replica(module, repository, {"model_control_mode": "explicit", "load_model": ["simple"]})
         try:
             assert await status(explicit, "GET", "/v2/models/simple/ready") == 200
             assert await status(explicit, "GET", "/v2/models/identity_fp32/ready") != 200
@@ -633,7 +635,7 @@ def test_a_ray_replica_keeps_the_model_control_mode(monkeypatch: pytest.MonkeyPa
         finally:
             await explicit.__del__()
         shutil.rmtree(repository / "identity_fp32")
-        polled = await replica(model_control_mode="poll", repository_poll_secs=0.2)
+        polled = await _replica(module, repository, {"model_control_mode": "poll", "repository_poll_secs": 0.2})
         try:
             assert await status(polled, "GET", "/v2/models/identity_fp32/ready") != 200
             assert await status(polled, "POST", "/v2/repository/models/identity_fp32/load") == 503
@@ -690,8 +692,7 @@ def test_a_ray_replica_runs_as_many_plain_infers_at_once_as_model_threads(monkey
     body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [7]}]}
 
     async def scenario() -> list[httpx.Response]:
-        replica = module.Server.__new__(module.Server)
-        await replica.__init__(str(tmp_path / "models"), {"model_threads": at_once})
+        replica = await _replica(module, tmp_path / "models", {"model_threads": at_once})
         try:
             transport = httpx.ASGITransport(app=replica.__serve_build_asgi_app__())
             async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=60) as http:
