@@ -271,6 +271,29 @@ async def test_variable_dimensions_accept_any_size() -> None:
     assert "Expected [-1,2], got [1,3]" in error.message
 
 
+async def test_a_shape_that_fitted_before_lets_nothing_else_through() -> None:
+    """The lean way keeps the element counts of request shapes that fit a variable declaration, and the output shapes
+    that fit; what it kept never lets through a dimension that is no integer or another shape that does not fit, and
+    a model's answer of the wrong shape after a right one is still refused."""
+    model = Identity(datatype="INT8", shape=(-1, 2))
+    dp = await plane(model)
+    for _ in range(2):  # the second time from what was kept
+        response = await dp.model_infer(request("identity", tensor("INPUT0", "INT8", np.zeros(10), [5, 2])))
+        assert response.outputs[0].shape == [5, 2]
+    flagged = tensor("INPUT0", "INT8", np.zeros(2), [1, 2])
+    await dp.model_infer(request("identity", flagged))
+    flagged.shape = [True, 2]  # equal to (1, 2) as a key, but no integer
+    assert "INPUT0" in (await infer_error(dp, request("identity", flagged))).message
+    error = await infer_error(dp, request("identity", tensor("INPUT0", "INT8", np.zeros(15), [5, 3])))
+    assert "Expected [-1,2], got [5,3]" in error.message
+
+    answers = Returns({"OUT": np.zeros((7, 2), np.int32)})
+    dp = await plane(answers)
+    assert (await dp.model_infer(request("returns", tensor("IN", "INT32", [1])))).outputs[0].shape == [7, 2]
+    answers.result = {"OUT": np.zeros((7, 3), np.int32)}
+    assert isinstance(await infer_error(dp, request("returns", tensor("IN", "INT32", [1]))), ModelFailure)
+
+
 async def test_flat_data_is_reshaped_to_the_request_shape() -> None:
     model = Identity(datatype="INT32", shape=(2, 2))
     dp = await plane(model)

@@ -53,14 +53,17 @@ __all__ = ["InputPlan", "Lean", "Plan"]
 
 _BYTES: Final = frozenset({bytes})
 _MAX_PLANS: Final = 1024  # model names and versions whose plans are kept (names that came and went are dropped)
+_MAX_SHAPES: Final = 256  # shapes found to fit a variable declaration, kept per input and per plan's outputs
 
 
 class InputPlan:
     """One declared input as the lean way reads it: its position, datatype, numpy dtype and element size (0 for
     BYTES), its declared shape (a batching model's with its batch dimension, -1), and for a fixed shape its
-    element count (None: over the limit, which the general way refuses)."""
+    element count (None: over the limit, which the general way refuses). A variable shape keeps the element counts
+    of the shapes it was given that fit (most requests repeat a few shapes: a batch size, a sequence length)."""
 
-    __slots__ = ("datatype", "dtype", "elements", "fixed", "index", "itemsize", "name", "shape", "variable")
+    __slots__ = ("counts", "datatype", "dtype", "elements", "fixed", "index", "itemsize", "limit", "name", "shape",
+                 "variable")
 
     def __init__(self, index: int, model: Model, spec: TensorSpec, limit: int) -> None:
         info = datatypes.BY_NAME[spec.datatype]
@@ -72,6 +75,8 @@ class InputPlan:
         self.itemsize = 0 if info.variable else info.size
         self.shape = list(declared_shape(model, spec))
         self.fixed = -1 not in self.shape
+        self.limit = limit
+        self.counts: dict[tuple[int, ...], int] = {}  # by a shape that fits, its element count under `limit`
         self.elements: int | None = None
         if self.fixed:
             try:
@@ -87,12 +92,22 @@ class InputPlan:
                 return None
         if self.fixed:
             return self.elements if shape == self.shape else None
+        known = limit == self.limit
+        key = tuple(shape)  # plain ints only (checked above): True or 1.0 never stand for 1 here
+        elements = self.counts.get(key) if known else None
+        if elements is not None:
+            return elements
         if not shape_fits(self.shape, shape):
             return None
         try:
-            return tensor_elements(self.name, shape, limit)
+            elements = tensor_elements(self.name, shape, limit)
         except (OipError, ValueError):
             return None
+        if known:
+            if len(self.counts) >= _MAX_SHAPES:
+                self.counts.clear()
+            self.counts[key] = elements
+        return elements
 
 
 class Plan:
@@ -109,6 +124,7 @@ class Plan:
         self.all_outputs = list(model.outputs)
         self.dtypes = {spec.name: np.dtype(datatypes.BY_NAME[spec.datatype].dtype) for spec in model.outputs}
         self.shapes = {spec.name: tuple(declared_shape(model, spec)) for spec in model.outputs}
+        self.fitting: set[tuple[str, tuple[int, ...]]] = set()  # (output, shape) found to fit a variable shape
 
     @staticmethod
     def allows(model: Model) -> bool:
@@ -150,8 +166,12 @@ class Plan:
                 return None  # BYTES whose elements are not all bytes yet: converted or refused by `finish`
             shape = value.shape
             declared = self.shapes[spec.name]
-            if shape != declared and not shape_fits(declared, shape):
-                return None
+            if shape != declared and (spec.name, shape) not in self.fitting:
+                if not shape_fits(declared, shape):
+                    return None
+                if len(self.fitting) >= _MAX_SHAPES:
+                    self.fitting.clear()
+                self.fitting.add((spec.name, shape))
             if self.max_batch_size and shape[0] != batch_size:
                 return None
             arrays.append(value)
