@@ -14,7 +14,8 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
   holds the stream, not the server's memory). A call the client cancels cancels its coroutine.
 
 Each call holds a thread of the pool while it runs, a stream for its whole life: `Settings.grpc_threads` bounds
-the calls served at once (more wait for a thread).
+the calls served at once (more wait for a thread). The pool hands each call to the thread that went idle last
+(`pool.WarmPool`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import grpc.aio
 from ..core.pipeline import Pipeline
 from ..observe.metrics import Metrics
 from .in_thread import NOT_HERE, in_thread
+from .pool import WarmPool
 from .servicer import ServicerBase, method_handlers, observer, status
 
 __all__ = ["create_server", "threaded_server"]
@@ -268,8 +270,7 @@ def threaded_server(
             sync[name] = grpc.stream_unary_rpc_method_handler(_stream_unary(bridge, handler.stream_unary), **wire)
         elif handler.stream_stream is not None:
             sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream), **wire)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="oip-grpc")
-    server = grpc.server(pool, options=options)
+    server = grpc.server(WarmPool(threads, "oip-grpc"), options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
     server.add_registered_method_handlers(service, sync)
     return server

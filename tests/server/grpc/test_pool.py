@@ -1,0 +1,111 @@
+"""The gRPC server's thread pool (`oip.server.grpc.pool.WarmPool`): the thread that went idle last takes the next
+call; at most `max_workers` calls run at once, the rest wait in arrival order; a call's result or exception is its
+future's; shutdown ends the threads. The suite's gRPC tests over real sockets run every call through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from oip.server.grpc.pool import WarmPool
+
+WAIT = 10.0  # seconds: a bound on every wait, never the expected time
+
+
+def _idle(pool: WarmPool, count: int) -> None:
+    """Wait until `count` threads of `pool` are idle (a finished call's thread goes idle just after its future is
+    set)."""
+    deadline = time.monotonic() + WAIT
+    while len(pool._idle) < count:
+        assert time.monotonic() < deadline, "the pool's threads did not go idle"
+        time.sleep(0.001)
+
+
+def _held(release: threading.Event, seen: list[str]) -> str:
+    seen.append(threading.current_thread().name)
+    assert release.wait(WAIT)
+    return threading.current_thread().name
+
+
+def test_the_thread_that_went_idle_last_takes_the_next_call() -> None:
+    pool = WarmPool(4, "test-pool")
+    try:
+        releases = [threading.Event() for _ in range(3)]
+        started: list[str] = []
+        futures = [pool.submit(_held, release, started) for release in releases]
+        names = _when_started(started, 3)
+        assert len(set(names)) == 3  # three calls at once: three threads
+        for i in (0, 2, 1):  # each goes idle in this order
+            releases[i].set()
+            futures[i].result(WAIT)
+            _idle(pool, [0, 2, 1].index(i) + 1)
+        last_idle = futures[1].result()
+        for _ in range(3):  # and again, as long as it is idle when the next call comes
+            assert pool.submit(lambda: threading.current_thread().name).result(WAIT) == last_idle
+            _idle(pool, 3)
+    finally:
+        pool.shutdown()
+
+
+def _when_started(started: list[str], count: int) -> list[str]:
+    deadline = time.monotonic() + WAIT
+    while len(started) < count:
+        assert time.monotonic() < deadline, "the calls did not start"
+        time.sleep(0.001)
+    return list(started)
+
+
+def test_at_most_max_workers_calls_run_at_once_and_the_rest_wait_in_order() -> None:
+    pool = WarmPool(2, "test-pool")
+    try:
+        release = threading.Event()
+        started: list[str] = []
+        held = [pool.submit(_held, release, started) for _ in range(2)]
+        _when_started(started, 2)
+        order: list[int] = []
+        waiting = [pool.submit(order.append, i) for i in range(5)]
+        time.sleep(0.05)
+        assert order == [] and not any(future.done() for future in waiting)  # no third thread
+        release.set()
+        for future in [*held, *waiting]:
+            future.result(WAIT)
+        assert order == [0, 1, 2, 3, 4]
+        assert len(pool._threads) == 2
+    finally:
+        pool.shutdown()
+
+
+def test_a_calls_result_and_exception_are_its_futures() -> None:
+    pool = WarmPool(1)
+    try:
+        assert pool.submit(lambda a, b=0: a + b, 2, b=3).result(WAIT) == 5
+        failed: Future[Any] = pool.submit(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(WAIT)
+        assert pool.submit(lambda: "still serving").result(WAIT) == "still serving"
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_ends_the_threads_after_the_calls_already_given() -> None:
+    pool = WarmPool(1)
+    release = threading.Event()
+    held = pool.submit(_held, release, [])
+    queued = pool.submit(lambda: "ran")
+    threads = list(pool._threads)
+    stopper = threading.Thread(target=pool.shutdown)
+    stopper.start()
+    with pytest.raises(RuntimeError):
+        deadline = time.monotonic() + WAIT
+        while True:  # once shutdown has begun, no new call is taken
+            pool.submit(lambda: None)
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    release.set()
+    stopper.join(WAIT)
+    assert not stopper.is_alive()
+    assert held.result(0) and queued.result(0) == "ran"
+    assert not any(thread.is_alive() for thread in threads)
