@@ -109,3 +109,32 @@ def test_shutdown_ends_the_threads_after_the_calls_already_given() -> None:
     assert not stopper.is_alive()
     assert held.result(0) and queued.result(0) == "ran"
     assert not any(thread.is_alive() for thread in threads)
+
+
+def test_shutdown_while_a_call_starts_a_new_thread_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shutdown that comes while `submit` is starting a thread joins that thread once it has run its call,
+    rather than failing to join a thread not yet started."""
+    pool = WarmPool(1)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            pool.shutdown()
+        except BaseException as exc:  # what the test looks for: shutdown must not fail
+            errors.append(exc)
+
+    stopper = threading.Thread(target=stop)
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread is not stopper and not stopper.is_alive() and not stopper.ident:
+            stopper.start()  # shutdown begins while the pool's new thread is not started yet
+            time.sleep(0.05)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    ran = pool.submit(lambda: "ran")
+    stopper.join(WAIT)
+    assert not stopper.is_alive()
+    assert errors == []
+    assert ran.result(0) == "ran"

@@ -63,8 +63,10 @@ class WarmPool:
                 return future
             thread = threading.Thread(target=self._work, args=(_Worker(), item), daemon=True,
                                       name=f"{self._prefix}_{len(self._threads)}")
+            # Started under the lock, so that `shutdown` never finds a thread it cannot join yet (the new thread
+            # runs its call before it takes the lock).
+            thread.start()
             self._threads.append(thread)
-        thread.start()
         return future
 
     def _work(self, worker: _Worker, item: _Item | None) -> None:
