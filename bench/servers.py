@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,12 +155,14 @@ def pss_kib(pid: int) -> int:
 
 def command(
     name: str, cache: Path, http_port: int, grpc_port: int, repository: Path | None = None,
-    options: tuple[str, ...] = (), cpus: str = SERVER_CPU,
+    options: tuple[str, ...] = (), cpus: str = SERVER_CPU, env: Mapping[str, str] | None = None,
+    package: Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of server `name`, pinned to `cpus` (taskset's list); `repository` is where
     it reads its models from (default: the benchmark's): a model repository, or for KServe the folder of its
-    kserve_server.py; `options` go last."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    kserve_server.py; `options` go last; `env` is added to the environment. Ours runs the `oip` package of this
+    checkout's generated/, or of `package` (the folder that holds an `oip` package: another build's)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("PYTHONPATH", None)
     if name == "oipgen_traced":
         env.update(
@@ -168,7 +170,7 @@ def command(
             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=os.environ.get(OTLP_ENV, ""), OTEL_SERVICE_NAME="oipgen-bench",
         )
     if name == "oipgen" or name in VARIANTS:
-        env["PYTHONPATH"] = str(ROOT / "generated")
+        env["PYTHONPATH"] = str(package or ROOT / "generated")
         argv = [
             sys.executable,
             "-m",
@@ -321,14 +323,16 @@ def _grpc_ready(target: str, deadline: float) -> bool:
 def start(
     name: str, cache: Path, workdir: Path, timeout: float = 90.0, *, models: tuple[str, ...] | None = None,
     repository: Path | None = None, options: tuple[str, ...] = (), cpus: str = SERVER_CPU,
+    env: Mapping[str, str] | None = None, package: Path | None = None, log_name: str | None = None,
 ) -> Running:
-    """Start server `name` (over `repository`, see `command`) and wait (bounded) until REST says it and `models`
-    are ready, then until gRPC answers. `startup_s`: from the process start until the REST answers (polled every
-    20 ms)."""
+    """Start server `name` (over `repository`, with `options`, `env` and `package`: see `command`) and wait
+    (bounded) until REST says it and `models` are ready, then until gRPC answers. `startup_s`: from the process
+    start until the REST answers (polled every 20 ms). Its output goes to `workdir`/`log_name` (default: its
+    name).log."""
     workdir.mkdir(parents=True, exist_ok=True)
     http_port, grpc_port = free_port(), free_port()
-    argv, env = command(name, cache, http_port, grpc_port, repository, options, cpus)
-    log = workdir / f"{name}.log"
+    argv, env = command(name, cache, http_port, grpc_port, repository, options, cpus, env, package)
+    log = workdir / f"{log_name or name}.log"
     with log.open("ab") as sink:
         begin = time.monotonic()
         process = subprocess.Popen(

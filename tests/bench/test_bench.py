@@ -5,7 +5,8 @@ its count checked against the server's statistics), the floors (each kind of ans
 replayed by the bare transport, which the load generator checks as it checks a server), perf_analyzer on the
 workloads it sends (its own counts against the server's), the requests the load generator writes as tritonclient
 and KServe's client write them, `bench/run.py --quick` end to end with its report and chart on a few scenarios (one
-of each kind: REST, gRPC, a stream, server-sent events), `bench/scale.py`'s checks, the report's ratios against
+of each kind: REST, gRPC, a stream, server-sent events), `bench/ab.py`'s paired turns of two builds or settings,
+`bench/scale.py`'s checks, the report's ratios against
 Triton, targets and client-bound marks on made-up figures, and Triton itself as `make bench` starts it, on every
 workload (bench/setup.sh's Triton step alone: seconds and 370 MB the first time (with uv), cached in bench/.cache; then
 about 30 s). MLServer and KServe are left to `make bench`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ from conftest import ROOT
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
+import ab  # noqa: E402
 import loadgen  # noqa: E402
 import report  # noqa: E402
 import scale  # noqa: E402
@@ -246,6 +249,60 @@ def test_run_quick_writes_the_report(tmp_path: Path) -> None:
     assert f"{len(measured)} of {len(measured)} measurements agree exactly" in text, text
     assert "Triton 2.51 was not part of this run" in text, text
     assert (out / "bench.png").stat().st_size > 10_000
+
+
+def test_ab_runs_each_side_as_given(tmp_path: Path) -> None:
+    """`bench/ab.py`: two servers in paired turns, each started as its side says: A from a copy of the package
+    whose default server name was changed (so that the name in A's `GET /v2` shows which build answered), B with a
+    serve flag and an environment variable; each side's answers counted, the paired ratios summarized."""
+    package = tmp_path / "package"
+    shutil.copytree(ROOT / "generated" / "oip", package / "oip", ignore=shutil.ignore_patterns("__pycache__"))
+    settings = package / "oip" / "server" / "settings.py"
+    text = settings.read_text()
+    assert 'server_name: str = "oip"' in text
+    settings.write_text(text.replace('server_name: str = "oip"', 'server_name: str = "copied-build"'))
+    out = tmp_path / "ab.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "ab.py"), "simple_rest", "-c", "2", "--rounds", "2", "-d", "0.3", "-w", "0.1",
+         "--a-package", str(package), "--b-serve", "--server-name b-side", "--b-env", "OIP_AB_MARK=seen",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads(out.read_text())
+    sides = document["meta"]["sides"]
+    assert sides["A"]["metadata"]["name"] == "copied-build" and sides["B"]["metadata"]["name"] == "b-side"
+    assert sides["A"]["environ"] == {} and sides["B"]["environ"] == {"OIP_AB_MARK": "seen"}
+    assert len(document["rounds"]) == 2
+    for paired in document["rounds"]:
+        for side in ("A", "B"):
+            assert "error" not in paired[side] and paired[side]["completed"] > 0, paired
+            assert paired[side]["errors"] == 0 and paired[side]["server_cpu_us_per_infer"] > 0, paired
+    assert document["summary"]["ratio_infer_per_s"]["rounds"] == 2
+    assert "| paired B/A | median |" in done.stdout and "--server-name b-side" in done.stdout
+
+
+def test_ab_summary_pairs_the_rounds() -> None:
+    """The paired ratios are B over A round by round (not a ratio of medians), and B is better on CPU when lower."""
+    def side(rate: float, cpu: float) -> dict[str, float]:
+        return {"infer_per_s": rate, "server_cpu_us_per_infer": cpu, "p50_ms": 1.0}
+
+    rounds = [{"A": side(100, 200), "B": side(110, 190)}, {"A": side(50, 400), "B": side(60, 350)},
+              {"A": side(200, 100), "B": side(180, 110)}, {"A": side(90, 210), "B": {"error": "down"}}]
+    summary = ab.compare(rounds)  # type: ignore[arg-type]
+    ratio = summary["ratio_infer_per_s"]
+    assert ratio["rounds"] == 3 and ratio["b_better"] == 2
+    assert ratio["median"] == pytest.approx(1.1) and ratio["low"] == pytest.approx(0.9)
+    assert ratio["high"] == pytest.approx(1.2)
+    cpu = summary["ratio_server_cpu_us_per_infer"]
+    assert cpu["b_better"] == 2 and cpu["median"] == pytest.approx(0.95)
+    assert summary["A"]["infer_per_s"] == 95 and summary["B"]["errors"] == 1
+
+
+def test_ab_refuses_a_package_folder_without_the_package(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "ab.py"), "simple_rest", "--a-package", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "no oip package there" in done.stderr, done.stderr
 
 
 def _record(server: str, scenario: str, rate: float, cpu: float, **extra: float) -> dict[str, object]:
