@@ -22,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = commands.add_parser("serve", help="serve models over REST and gRPC",
                                 description="Serve the models of a repository over REST and gRPC.")
+    from .server.process.grpc_io import tune_grpc_io
+
+    tune_grpc_io()  # before anything imports grpc, which reads its settings once
     from .server.process import main as server
 
     server.build_parser(serve)

@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import logging
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..observe.logs import configure_logging
 from ..settings import Settings
 from .allocator import MMAP_THRESHOLD, tune_allocator
 from .cluster import WorkerRole
+from .grpc_io import GRPC_EXPERIMENTS
 from .serve import NO_MODELS, serve
 from .supervisor import cpu_count, supervise
 
@@ -344,6 +346,8 @@ def dataplane_class(text: str | None) -> type[DataPlane]:
 def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
     if tune_allocator():
         log.debug("allocator: buffers up to %d bytes stay on the heap", MMAP_THRESHOLD)
+    if os.environ.get("GRPC_EXPERIMENTS") == GRPC_EXPERIMENTS:  # `grpc_io.tune_grpc_io`, before grpc was imported
+        log.debug("grpc: the polling thread does the socket work (GRPC_EXPERIMENTS=%s)", GRPC_EXPERIMENTS)
     try:
         dataplane = dataplane_class(args.dataplane)
         with _runner() as runner:

@@ -1,0 +1,77 @@
+"""grpcio's socket work done by the gRPC server's polling thread (`server/process/grpc_io.py`): what
+`python -m oip serve` sets up before anything imports grpc, and that grpcio then does it. grpcio's own `tcp` trace
+names the code that handled the server's sockets: iomgr's (tcp_posix.cc, tcp_server_posix.cc), which the polling
+thread runs, or the EventEngine's (posix_endpoint.cc, posix_interface_posix.cc), which runs on threads of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from serving import build_repository, check_simple, server_env, start_server
+
+TRACE = {"GRPC_VERBOSITY": "debug", "GRPC_TRACE": "tcp"}
+IOMGR = ("tcp_posix.cc", "tcp_server_posix.cc")
+EVENT_ENGINE = ("posix_endpoint.cc", "posix_interface_posix.cc")
+TUNED = "grpc: the polling thread does the socket work"
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("models"), only=("simple",))
+
+
+def _serve_and_log(repository: Path, workdir: Path, env: dict[str, str]) -> str:
+    """The log of a server that answered `simple` over both transports under `env`, then stopped cleanly."""
+    server = start_server(repository, workdir, "--log-level", "debug", env=env, ready=("simple",))
+    try:
+        with server.clients() as (http, stub):
+            check_simple(http, stub)
+    finally:
+        status = server.stop()
+    assert status == 0, server.log_text()
+    return server.log_text()
+
+
+def test_the_polling_thread_does_the_socket_work(repository: Path, tmp_path: Path) -> None:
+    log = _serve_and_log(repository, tmp_path, TRACE)
+    assert all(name in log for name in IOMGR), log[-3000:]
+    assert not any(name in log for name in EVENT_ENGINE), log[-3000:]
+    assert TUNED in log
+
+
+def test_an_operators_grpc_experiments_win(repository: Path, tmp_path: Path) -> None:
+    """GRPC_EXPERIMENTS of the environment, even empty, is left as it is: grpcio's defaults here."""
+    log = _serve_and_log(repository, tmp_path, {**TRACE, "GRPC_EXPERIMENTS": ""})
+    assert all(name in log for name in EVENT_ENGINE), log[-3000:]
+    assert not any(name in log for name in IOMGR), log[-3000:]
+    assert TUNED not in log
+
+
+def _tune(prelude: str, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """`tune_grpc_io()` in a fresh interpreter after `prelude`: what it returned, and GRPC_EXPERIMENTS after it."""
+    code = textwrap.dedent(prelude) + textwrap.dedent("""
+        import os
+        from oip.server.process.grpc_io import tune_grpc_io
+        print(tune_grpc_io(), os.environ.get("GRPC_EXPERIMENTS", "<unset>"))
+    """)
+    base = {k: v for k, v in server_env().items() if k != "GRPC_EXPERIMENTS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                          env={**base, **(env or {})})
+    returned, _, experiments = done.stdout.strip().partition(" ")
+    return returned, experiments
+
+
+def test_tune_sets_the_experiments_only_where_it_can_take_effect() -> None:
+    from oip.server.process.grpc_io import GRPC_EXPERIMENTS
+
+    assert _tune("") == ("True", GRPC_EXPERIMENTS)
+    assert _tune("import grpc") == ("False", "<unset>")  # grpcio has read its settings already
+    assert _tune("", {"GRPC_EXPERIMENTS": "-some_experiment"}) == ("False", "-some_experiment")
+    for version in ("1.75.1", "1.86.0", "2.0.0", "unknown"):  # versions it was not measured on
+        prelude = f"import importlib.metadata as m; m.version = lambda name: {version!r}"
+        assert _tune(prelude) == ("False", "<unset>"), version
+    assert _tune("import importlib.metadata as m; m.version = lambda name: '1.76.0'") == ("True", GRPC_EXPERIMENTS)
