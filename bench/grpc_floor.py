@@ -3,7 +3,8 @@
 Each variant is a bare grpcio server on CPU 0 answering `/inference.GRPCInferenceService/ModelInfer` with the
 same pre-serialized `simple` response (a generic handler: no protobuf parsing, no data plane, no model). The load
 is bench/loadgen.py's `simple_grpc` workload on CPU 1, exactly as `make bench` drives the real servers, and the
-server's CPU per call comes from /proc. Variants:
+server's CPU per call comes from /proc. Every variant runs under grpcio's settings as our server makes them
+(`servers.tuned_grpc_io`: the polling thread does the socket work). Variants:
 
 - `aio`: `grpc.aio.server()` on asyncio's default loop;
 - `aio_uvloop`: the same on uvloop;
@@ -160,7 +161,7 @@ def _start_floor(variant: str, workdir: Path, elements: int = 0) -> servers.Runn
     port = servers.free_port()
     log = workdir / f"floor_{variant}.log"
     argv = ["taskset", "-c", SERVER_CPU, sys.executable, __file__, "--serve", variant, "--port", str(port)]
-    env = {**os.environ, **servers.tuned_malloc()} if elements else None
+    env = {**os.environ, **servers.tuned_grpc_io(), **(servers.tuned_malloc() if elements else {})}
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [*argv, "--elements", str(elements)] if elements else argv,

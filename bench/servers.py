@@ -395,6 +395,18 @@ def tuned_malloc() -> dict[str, str]:
             "MALLOC_TRIM_THRESHOLD_": str(allocator.TRIM_THRESHOLD)}
 
 
+def tuned_grpc_io() -> dict[str, str]:
+    """grpcio's settings as `python -m oip serve` makes them (`oip.server.process.grpc_io.tune_grpc_io`, which
+    defers to a GRPC_EXPERIMENTS of the environment), as environment variables: for the floors, a bare grpcio server
+    doing its socket work as ours does. Empty where ours keeps grpcio's defaults."""
+    code = ("import os\nfrom oip.server.process.grpc_io import tune_grpc_io\ntune_grpc_io()\n"
+            "print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "generated")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env=env)
+    value = done.stdout.strip()
+    return {} if value == "<unset>" else {"GRPC_EXPERIMENTS": value}
+
+
 def record_answer(server: Running, workload: str, elements: int, path: Path, timeout: float = 60.0) -> None:
     """One request of `workload` to `server`, its checked answer written to `path` (bench/loadgen.py --record), for
     a floor server to replay; RuntimeError when the server did not answer it right."""
@@ -409,11 +421,11 @@ def record_answer(server: Running, workload: str, elements: int, path: Path, tim
 def start_floor(answer: Path, workdir: Path, timeout: float = 30.0) -> Running:
     """The bare transport answering every request with the answer recorded in `answer` (`record_answer`): uvicorn
     (bench/floor.py) for a REST answer, grpcio's thread pool server (bench/grpc_floor.py) for a gRPC one, pinned to
-    the server CPU in its own process group under our server's malloc settings, ready once its port accepts
-    connections; its RSS at rest read IDLE_SETTLE_S later."""
+    the server CPU in its own process group under our server's malloc and grpcio settings, ready once its port
+    accepts connections; its RSS at rest read IDLE_SETTLE_S later."""
     rest = json.loads(answer.read_text())["transport"] == "rest"
     port, other = free_port(), free_port()
-    env = {**os.environ, **tuned_malloc()}
+    env = {**os.environ, **tuned_malloc(), **({} if rest else tuned_grpc_io())}
     script = ["floor.py", "--serve-rest", str(answer)] if rest else \
         ["grpc_floor.py", "--serve", "replay", "--answer", str(answer)]
     argv = ["taskset", "-c", SERVER_CPU, sys.executable, str(BENCH / script[0]), *script[1:], "--port", str(port)]
