@@ -25,6 +25,7 @@ whole process tree. PSS is the figure compared across servers: Triton's stubs sh
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -399,12 +400,18 @@ def tuned_grpc_io() -> dict[str, str]:
     """grpcio's settings as `python -m oip serve` makes them (`oip.server.process.grpc_io.tune_grpc_io`, which
     defers to a GRPC_EXPERIMENTS of the environment), as environment variables: for the floors, a bare grpcio server
     doing its socket work as ours does. Empty where ours keeps grpcio's defaults."""
+    return dict(_grpc_io_settings())
+
+
+@functools.cache
+def _grpc_io_settings() -> tuple[tuple[str, str], ...]:
+    # Asked of a fresh interpreter (this one may have imported grpc, which stops `tune_grpc_io`), once per run.
     code = ("import os\nfrom oip.server.process.grpc_io import tune_grpc_io\ntune_grpc_io()\n"
             "print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "generated")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env=env)
     value = done.stdout.strip()
-    return {} if value == "<unset>" else {"GRPC_EXPERIMENTS": value}
+    return () if value == "<unset>" else (("GRPC_EXPERIMENTS", value),)
 
 
 def record_answer(server: Running, workload: str, elements: int, path: Path, timeout: float = 60.0) -> None:
