@@ -35,6 +35,7 @@ from serving import (
     count_before,
     resident_bytes,
     scrape,
+    server_env,
     simple_body,
     simple_grpc_request,
     start_server,
@@ -233,6 +234,37 @@ def test_sigterm_drains_every_worker_and_exits_zero(tmp_path: Path) -> None:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
+# On PYTHONPATH: a process started while `slow-start` exists in its folder first sleeps, before it imports anything
+# of the server (so before a worker can handle SIGTERM).
+SLOW_START = """
+import time
+from pathlib import Path
+
+if (Path(__file__).parent / "slow-start").exists():
+    (Path(__file__).parent / "starting").write_text("")
+    time.sleep(20)
+"""
+
+
+def test_sigterm_while_a_replacement_worker_starts_exits_zero(tmp_path: Path) -> None:
+    """SIGTERM reaches a worker the supervisor is starting again before that worker handles the signal (it is
+    still starting Python): it dies of it, having served nothing, and the server still stops cleanly (exit 0)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_START)
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    server = start_server(repository, tmp_path / "run", "--workers", str(WORKERS), ready=("simple",),
+                          env={"PYTHONPATH": os.pathsep.join([str(hook), server_env()["PYTHONPATH"]])})
+    (hook / "slow-start").write_text("")
+    os.kill(worker_pids(server)[1], signal.SIGKILL)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (hook / "starting").exists():
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.05)
+    assert server.stop() == 0, server.log_text()
+    assert "worker 1 stopped while it was starting" in server.log_text(), server.log_tail()
+
+
 def test_metrics_are_the_sum_over_workers(cluster: Server) -> None:
     """Every nv_* sample of a scrape, whichever worker answers it, is the sum of what each worker served (from the
     access log, which names the worker of each answer), failures included; durations agree with the statistics
@@ -345,15 +377,18 @@ def wait_for_new_worker(server: Server, index: int, old: int, within: float) -> 
 
 
 def reaching_a_live_worker(server: Server, method: str, path: str, within: float = 60.0) -> httpx.Response:
-    """`method path` over new connections until one reaches a worker that answers (the kernel gives some of them
-    to a stopped worker, where they wait, or are reset when it is killed)."""
+    """`method path` on a connection that reached a worker that answers. The kernel gives some new connections to
+    a stopped worker, where they wait (or are reset when it is killed), so each one is first proven live with a
+    quick health check, and the request then goes over that same kept-alive connection."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        try:
-            with server.http_client(timeout=8.0) as http:
-                return http.request(method, path)
-        except httpx.TransportError:
-            continue
+        with httpx.Client(base_url=server.url, timeout=8.0, trust_env=False,
+                          limits=httpx.Limits(max_connections=1)) as http:
+            try:
+                http.get("/v2/health/live", timeout=2.0)
+            except httpx.TransportError:
+                continue
+            return http.request(method, path)
     raise AssertionError(f"no answer to {method} {path} within {within}s\n{server.log_tail()}")
 
 

@@ -231,6 +231,9 @@ class _Supervisor:
                 process.kill()
                 process.join(5.0)
                 clean = False
+            elif process.exitcode == -signal.SIGTERM:
+                # A worker handles SIGTERM from before it listens: killed by it, it was still starting.
+                log.info("worker %d stopped while it was starting", index)
             elif process.exitcode != 0:
                 log.error("worker %d exited with %s", index, process.exitcode)
                 clean = False
