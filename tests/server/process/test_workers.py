@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +155,27 @@ def test_unload_and_load_reach_every_worker(cluster: Server) -> None:
             pb.RepositoryModelLoadResponse()
     answers = infer_on_new_connections(cluster, CONNECTIONS)
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200]
+
+
+def test_a_temporary_folder_too_deep_for_a_socket_path_moves_the_control_sockets_to_tmp(tmp_path: Path) -> None:
+    """With a TMPDIR so deep that no socket can be bound in it, the supervisor makes its private folder under /tmp
+    and says so; the workers talk over it (an unload reaches both), and it is gone once the server stops."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    server = start_server(repository, tmp_path / "run", "--workers", str(WORKERS), ready=("simple",),
+                          env={"TMPDIR": str(deep)})
+    try:
+        with server.http_client() as http:
+            assert http.post("/v2/repository/models/simple/unload").status_code == 200
+        answers = infer_on_new_connections(server, CONNECTIONS)
+        assert {a.status_code for a in answers} <= {400, 404, 503}, [a.text for a in answers]
+    finally:
+        assert server.stop() == 0, server.log_text()
+    said = re.search(r"control sockets are under (\S+): the temporary folder (\S+) is too deep", server.log_text())
+    assert said is not None, server.log_text()
+    assert Path(said[1]).parent == Path("/tmp") and said[2] == str(deep)
+    assert not Path(said[1]).exists() and list(deep.iterdir()) == []
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no POSIX shared memory (/dev/shm) on this host")
@@ -359,6 +383,15 @@ class SlowUnload(Model):
 '''
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A TMPDIR shallow enough for the supervisor to make its folder of sockets in it (a test's own tmp_path may
+    not be: `private_folder`)."""
+    folder = Path(tempfile.mkdtemp(prefix="oip-test-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def control_sockets(tmp: Path) -> list[Path]:
     """The workers' control sockets, in the private folder the supervisor made under `tmp` (its TMPDIR)."""
     (folder,) = tmp.glob("oip-workers-*")
@@ -392,15 +425,14 @@ def reaching_a_live_worker(server: Server, method: str, path: str, within: float
     raise AssertionError(f"no answer to {method} {path} within {within}s\n{server.log_tail()}")
 
 
-def test_silent_control_connections_and_scrapes_leave_the_models_their_threads(tmp_path: Path) -> None:
+def test_silent_control_connections_and_scrapes_leave_the_models_their_threads(tmp_path: Path, short_tmp: Path) -> None:
     """Connections to both workers' control sockets that never say anything (as a stopped peer or any process of
     the user could make), while /metrics is scraped (each scrape asks the other worker for its samples): the
     control plane answers on no model thread and gives up on a silent caller at the handshake's deadline, so a
     plain model with --model-threads 2 answers every request, and every scrape is answered."""
     from concurrent.futures import ThreadPoolExecutor
 
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = short_tmp
     repository = build_repository(tmp_path / "models", only=("simple",))
     server = start_server(repository, tmp_path / "run", "--workers", str(WORKERS), "--model-threads", "2",
                           ready=("simple",), env={"TMPDIR": str(tmp)})

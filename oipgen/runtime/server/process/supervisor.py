@@ -40,7 +40,7 @@ from ..observe.logs import configure_logging
 from .cluster import WorkerRole, missed_path, ping, socket_path
 from .sockets import Ports, SignalLatch, bound_socket, write_ports_file
 
-__all__ = ["Target", "cpu_count", "supervise"]
+__all__ = ["Target", "cpu_count", "private_folder", "supervise"]
 
 Target = Callable[[argparse.Namespace, WorkerRole], int]
 """What a worker process runs, given the options and its role; its exit status (`main.run_worker`). A module's
@@ -55,6 +55,22 @@ _PROBE_EVERY: Final = 2.0  # seconds between two pings of each worker
 _PING_TIMEOUT: Final = 2.0
 UNRESPONSIVE_AFTER: Final = 30.0
 """Seconds a serving worker may go without answering a ping before it is killed and started again."""
+
+
+_SOCKET_PATH: Final = 107  # bytes of a Unix socket's path that Linux takes (sun_path: 108, with its NUL)
+
+
+def private_folder(count: int) -> Path:
+    """A new folder (mode 0700) for the control sockets of `count` workers: under TMPDIR, or under /tmp when
+    TMPDIR is too deep for a socket's path (a socket cannot be bound at a longer one)."""
+    folder = Path(tempfile.mkdtemp(prefix="oip-workers-"))
+    if len(os.fsencode(socket_path(folder, count - 1))) <= _SOCKET_PATH:
+        return folder
+    folder.rmdir()
+    short = Path(tempfile.mkdtemp(prefix="oip-workers-", dir="/tmp"))
+    log.info("the workers' control sockets are under %s: the temporary folder %s is too deep for a socket's path",
+             short, folder.parent)
+    return short
 
 
 def cpu_count() -> int:
@@ -115,7 +131,7 @@ class _Supervisor:
         self.args = args
         self.count = count
         self.target = target
-        self.folder = Path(tempfile.mkdtemp(prefix="oip-workers-"))  # mode 0700
+        self.folder = private_folder(count)
         self.key = os.urandom(32)
         self.context = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
