@@ -233,7 +233,9 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
 
     def channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.target)
+        """A gRPC channel with a connection of its own: grpcio otherwise shares one connection among the channels
+        of a process open to the same target, so that with --workers every channel would reach the same worker."""
+        return grpc.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)])
 
     @contextlib.contextmanager
     def clients(self) -> Iterator[tuple[httpx.Client, pb_grpc.GRPCInferenceServiceStub]]:
