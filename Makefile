@@ -34,8 +34,10 @@ build: $(STAMP)
 	$(BIN)/oipgen build --target all
 
 ## test: the whole suite (goldens, determinism, vendoring, codecs, converters, interop)
+##   (TEST_JOBS processes, each running whole files; TEST_JOBS=0 runs it in this one)
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 ## goldens: refresh the committed generated/ and tests/specs/*.diff after a change to spec/, templates/ or oipgen/
 ##   (tests/specs/*.diff: the goldens of the extra specs, what each variant of the spec generates differently)
