@@ -37,7 +37,7 @@ build: $(STAMP)
 ##   (TEST_JOBS processes, each running whole files; TEST_JOBS=0 runs it in this one)
 TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_JOBS)
 
 ## goldens: refresh the committed generated/ and tests/specs/*.diff after a change to spec/, templates/ or oipgen/
 ##   (tests/specs/*.diff: the goldens of the extra specs, what each variant of the spec generates differently)
