@@ -415,8 +415,7 @@ def reaching_a_live_worker(server: Server, method: str, path: str, within: float
     quick health check, and the request then goes over that same kept-alive connection."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        with httpx.Client(base_url=server.url, timeout=8.0, trust_env=False,
-                          limits=httpx.Limits(max_connections=1)) as http:
+        with server.http_client(timeout=8.0) as http:  # one request at a time: the idle connection is reused
             try:
                 http.get("/v2/health/live", timeout=2.0)
             except httpx.TransportError:
