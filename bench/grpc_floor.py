@@ -14,7 +14,8 @@ Our own server (`python -m oip serve`) is measured in the same run, over the sam
 floor of the transport it uses beside what it spends.
 
 With `--answer FILE` (bench/run.py's floor of a scenario), the variant `replay`: the synchronous server with our
-server's thread pool (`Settings.grpc_threads` threads) answering the method of an answer recorded from a real
+server's thread pool (`oip.server.grpc.pool.WarmPool` of `Settings.grpc_threads` threads, which hands a unary call to a
+thread once its request is in) answering the method of an answer recorded from a real
 server (`bench/loadgen.py --record`) with it, unary or, for ModelStreamInfer, the recorded responses to each request
 of the stream; the harness drives it with the scenario's own load, so our server's CPU per request over this one's
 is what our server adds to grpcio.
@@ -86,6 +87,7 @@ def serve_replay(answer_file: Path, port: int) -> None:
 
     import grpc
     from oip.server import Settings
+    from oip.server.grpc.pool import WarmPool
 
     answer = json.loads(answer_file.read_text())
     replies = [base64.b64decode(chunk) for chunk in answer["chunks"]]
@@ -100,7 +102,7 @@ def serve_replay(answer_file: Path, port: int) -> None:
     else:
         reply = replies[0]
         handler = grpc.unary_unary_rpc_method_handler(lambda request, context: reply)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=Settings().grpc_threads), options=options)
+    server = grpc.server(WarmPool(Settings().grpc_threads, "floor"), options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()

@@ -427,9 +427,9 @@ def record_answer(server: Running, workload: str, elements: int, path: Path, tim
 
 def start_floor(answer: Path, workdir: Path, timeout: float = 30.0) -> Running:
     """The bare transport answering every request with the answer recorded in `answer` (`record_answer`): uvicorn
-    (bench/floor.py) for a REST answer, grpcio's thread pool server (bench/grpc_floor.py) for a gRPC one, pinned to
-    the server CPU in its own process group under our server's malloc and grpcio settings, ready once its port
-    accepts connections; its RSS at rest read IDLE_SETTLE_S later."""
+    (bench/floor.py) for a REST answer, grpcio's thread pool server with our pool (bench/grpc_floor.py) for a gRPC
+    one, pinned to the server CPU in its own process group under our server's malloc and grpcio settings, ready once
+    its port accepts connections; its RSS at rest read IDLE_SETTLE_S later."""
     rest = json.loads(answer.read_text())["transport"] == "rest"
     port, other = free_port(), free_port()
     env = {**os.environ, **tuned_malloc(), **({} if rest else tuned_grpc_io())}

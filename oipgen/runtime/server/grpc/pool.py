@@ -5,7 +5,8 @@ whichever idle thread has waited longest, so once the pool has grown (a burst of
 held threads and ended), every call runs on a thread whose stack and interpreter state have gone cold in the CPU's
 caches since it last ran. Here the most recently idle thread takes the next call: the threads a steady load needs
 stay warm and the others sleep. What a call may do is unchanged: as many calls run at once as the pool has
-threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order.
+threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order. A
+unary call is given to a thread only once its request has arrived (`arrival`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+from . import arrival
 
 __all__ = ["WarmPool"]
 
@@ -49,25 +52,32 @@ class WarmPool:
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        item: _Item = (future, fn, args, kwargs)
+        if args and arrival.defer(args, lambda given: self._hand((future, fn, given, kwargs))):
+            return future  # handed to a thread once its request is in
+        self._hand((future, fn, args, kwargs))
+        return future
+
+    def _hand(self, item: _Item) -> None:
+        """Give `item` to the thread that went idle last, a new thread, or the backlog. RuntimeError after
+        `shutdown` (the future cancelled)."""
         with self._lock:
             if self._closed:
+                item[0].cancel()
                 raise RuntimeError("cannot schedule new calls after shutdown")
             if self._idle:
                 worker = self._idle.pop()
                 worker.item = item
                 worker.wake.release()
-                return future
+                return
             if len(self._threads) >= self._max:
                 self._backlog.append(item)
-                return future
+                return
             thread = threading.Thread(target=self._work, args=(_Worker(), item), daemon=True,
                                       name=f"{self._prefix}_{len(self._threads)}")
             # Started under the lock, so that `shutdown` never finds a thread it cannot join yet (the new thread
             # runs its call before it takes the lock).
             thread.start()
             self._threads.append(thread)
-        return future
 
     def _work(self, worker: _Worker, item: _Item | None) -> None:
         while item is not None:

@@ -13,9 +13,9 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
   handed to the coroutine; its responses come back to the gRPC thread through a bounded queue (a slow reader
   holds the stream, not the server's memory). A call the client cancels cancels its coroutine.
 
-Each call holds a thread of the pool while it runs, a stream for its whole life: `Settings.grpc_threads` bounds
-the calls served at once (more wait for a thread). The pool hands each call to the thread that went idle last
-(`pool.WarmPool`).
+Each call holds a thread of the pool while it runs (a unary call from when its request has arrived: `arrival`), a
+stream for its whole life: `Settings.grpc_threads` bounds the calls served at once (more wait for a thread). The
+pool hands each call to the thread that went idle last (`pool.WarmPool`).
 """
 
 from __future__ import annotations
