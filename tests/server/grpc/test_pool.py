@@ -138,3 +138,22 @@ def test_shutdown_while_a_call_starts_a_new_thread_waits_for_it(monkeypatch: pyt
     assert not stopper.is_alive()
     assert errors == []
     assert ran.result(0) == "ran"
+
+
+def test_each_thread_runs_the_initializer_before_its_first_call() -> None:
+    started: list[str] = []
+    pool = WarmPool(2, "test-pool", initializer=lambda: started.append(threading.current_thread().name))
+    try:
+        release = threading.Event()
+        seen: list[str] = []
+        futures = [pool.submit(_held, release, seen) for _ in range(2)]
+        names = _when_started(seen, 2)
+        assert sorted(started) == sorted(names)  # once per thread, before the call it was started for
+        release.set()
+        for future in futures:
+            future.result(WAIT)
+        _idle(pool, 2)
+        pool.submit(lambda: None).result(WAIT)  # a thread that is kept does not run it again
+        assert len(started) == 2
+    finally:
+        pool.shutdown()

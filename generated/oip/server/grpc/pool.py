@@ -43,7 +43,8 @@ class WarmPool:
     """An executor of at most `max_workers` threads for grpcio's server (see the module's description): `submit`
     and `shutdown` as `concurrent.futures.Executor` has them."""
 
-    def __init__(self, max_workers: int, thread_name_prefix: str = "") -> None:
+    def __init__(self, max_workers: int, thread_name_prefix: str = "",
+                 initializer: Callable[[], None] | None = None) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._max = max_workers
@@ -53,6 +54,7 @@ class WarmPool:
         self._backlog: deque[_Item] = deque()  # calls waiting for a thread, every one being busy
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._initializer = initializer  # run by each thread as it starts, as ThreadPoolExecutor's
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -84,6 +86,8 @@ class WarmPool:
             self._threads.append(thread)
 
     def _work(self, worker: _Worker, item: _Item | None) -> None:
+        if self._initializer is not None:
+            self._initializer()
         while item is not None:
             _run(item)
             item = None  # nothing of a finished call is kept while the thread sleeps

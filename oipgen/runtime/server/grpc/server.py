@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -246,6 +247,17 @@ def _stream_stream(bridge: _Bridge, behavior: Any) -> Callable[..., Any]:
     return handle
 
 
+def _batch_scheduling() -> None:
+    """Run the calling thread under SCHED_BATCH, where the system has it. A woken thread of the normal policy
+    preempts the one running, and in this process that one mostly holds the interpreter the woken thread needs
+    next: it runs only to wait for it, and the two switch back. Under SCHED_BATCH it waits for the running thread to
+    block or use up its time slice (a tick at most when another process runs on the core; at once on an idle one):
+    about half the context switches of a small call, and under load the polling thread, which hands every call
+    on, keeps its core, so more requests reach a dynamic batcher in each batch's window."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or refused: the system's policy
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
 def threaded_server(
     service: str,
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]],
@@ -253,9 +265,11 @@ def threaded_server(
     loop: asyncio.AbstractEventLoop,
     threads: int,
     options: list[tuple[str, Any]],
+    scheduling: str = "normal",
 ) -> grpc.Server:
     """A synchronous server of `service` whose calls run `handlers` (grpc.aio behaviours: coroutines, async
-    generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread."""
+    generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread; with
+    `scheduling` "batch", its threads run under SCHED_BATCH (`_batch_scheduling`)."""
     bridge = _Bridge(loop)
     sync: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for name, handler in handlers.items():
@@ -270,7 +284,8 @@ def threaded_server(
             sync[name] = grpc.stream_unary_rpc_method_handler(_stream_unary(bridge, handler.stream_unary), **wire)
         elif handler.stream_stream is not None:
             sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream), **wire)
-    server = grpc.server(WarmPool(threads, "oip-grpc"), options=options)  # type: ignore[arg-type]
+    initializer = _batch_scheduling if scheduling == "batch" else None
+    server = grpc.server(WarmPool(threads, "oip-grpc", initializer), options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
     server.add_registered_method_handlers(service, sync)
     return server
@@ -307,4 +322,4 @@ def create_server(
         ("grpc.absolute_max_metadata_size", settings.http_max_header_bytes),
     ]
     return threaded_server(servicer.service, handlers, fast, loop or asyncio.get_running_loop(),
-                           settings.grpc_threads, options)
+                           settings.grpc_threads, options, settings.grpc_thread_scheduling)

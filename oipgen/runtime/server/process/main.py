@@ -154,6 +154,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--grpc-threads", type=_positive, default=defaults.grpc_threads, metavar="N",
                    help="gRPC calls served at once, a thread each; a stream holds one while open "
                         "(default: %(default)s)")
+    p.add_argument("--grpc-thread-scheduling", choices=("batch", "normal"), default=defaults.grpc_thread_scheduling,
+                   help="the gRPC threads' scheduling policy on Linux: 'batch' (SCHED_BATCH: a woken thread waits for "
+                        "the running one rather than preempting it) or 'normal' (default: %(default)s)")
     p.add_argument("--workers", type=_workers, default="1", metavar="N",
                    help="server processes sharing the ports (SO_REUSEPORT) under one supervisor; 'auto': one per "
                         "available core (default: %(default)s)")
@@ -243,6 +246,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_level=args.log_level,
         access_log=args.access_log,
         grpc_threads=args.grpc_threads,
+        grpc_thread_scheduling=args.grpc_thread_scheduling,
         metrics=args.metrics == "on",
         metrics_port=args.metrics_port,
         metrics_buckets=args.metrics_buckets,

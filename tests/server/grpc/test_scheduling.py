@@ -1,0 +1,51 @@
+"""`serve --grpc-thread-scheduling`: the gRPC threads run under SCHED_BATCH by default (Linux), and under the
+system's policy with `normal`; no other thread of the server changes its policy. Read from the server process's
+tasks (/proc/PID/task) after gRPC calls have started its pool's threads."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from oip.grpc import grpc_service_pb2_grpc as pb_grpc
+from serving import TIMEOUT, Server, build_repository, simple_grpc_request, start_server
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+
+
+def _policies(server: Server) -> dict[int, int]:
+    """Each task (thread) of the server process: its scheduling policy."""
+    tasks = [int(name) for name in os.listdir(f"/proc/{server.process.pid}/task")]
+    return {tid: os.sched_getscheduler(tid) for tid in tasks}
+
+
+def _calls(server: Server, count: int) -> None:
+    """`count` ModelInfer calls at once, each answered."""
+    with server.channel() as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with ThreadPoolExecutor(count) as pool:
+            replies = list(pool.map(lambda _: stub.ModelInfer(simple_grpc_request(), timeout=TIMEOUT), range(count)))
+    assert all(reply.model_name == "simple" for reply in replies)
+
+
+@pytest.mark.parametrize(("flags", "batch"), [((), True), (("--grpc-thread-scheduling", "normal"), False)])
+def test_the_grpc_threads_run_under_the_policy_asked_for(tmp_path: Path, flags: tuple[str, ...], batch: bool) -> None:
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    server = start_server(repository, tmp_path, *flags, ready=["simple"])
+    try:
+        before = _policies(server)
+        _calls(server, 4)
+        after = _policies(server)
+    finally:
+        assert server.stop() == 0
+    assert all(policy == os.SCHED_OTHER for policy in before.values())  # no gRPC thread yet: none changed
+    started = {tid: policy for tid, policy in after.items() if tid not in before}
+    assert started, "the calls started no thread"
+    assert after[server.process.pid] == os.SCHED_OTHER  # the main thread (the event loop) keeps the default
+    changed = {tid for tid, policy in after.items() if policy == os.SCHED_BATCH}
+    if batch:
+        assert changed and changed <= set(started), after  # only threads the calls started: the pool's
+    else:
+        assert not changed, after
