@@ -255,7 +255,7 @@ def _batch_scheduling() -> None:
     """Run the calling thread under SCHED_BATCH, where the system has it. A woken thread of the normal policy
     preempts the one running, and in this process that one mostly holds the interpreter the woken thread needs
     next: it runs only to wait for it, and the two switch back. Under SCHED_BATCH it waits for the running thread to
-    block or use up its time slice (a tick at most when another process runs on the core; at once on an idle one):
+    block or use up its time slice (at once on an idle core; behind another busy process, until its slice ends):
     about half the context switches of a small call, and under load the polling thread, which hands every call
     on, keeps its core, so more requests reach a dynamic batcher in each batch's window."""
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or refused: the system's policy
