@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from .. import GENERATOR_VERSION
+
+GRPC_THREAD_SCHEDULING: Final = ("batch", "normal")  # `Settings.grpc_thread_scheduling`
 
 
 @dataclass(frozen=True)

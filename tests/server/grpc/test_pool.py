@@ -157,3 +157,17 @@ def test_each_thread_runs_the_initializer_before_its_first_call() -> None:
         assert len(started) == 2
     finally:
         pool.shutdown()
+
+
+def test_a_failing_initializer_is_logged_and_the_call_still_runs(caplog: pytest.LogCaptureFixture) -> None:
+    def fail() -> None:
+        raise OSError("refused")
+
+    pool = WarmPool(1, "test-pool", initializer=fail)
+    try:
+        with caplog.at_level("ERROR", logger="oip.server.grpc.pool"):
+            assert pool.submit(lambda: "ran").result(WAIT) == "ran"  # not left unanswered by the thread's failure
+        assert any("initializer failed" in record.getMessage() and record.exc_info for record in caplog.records)
+        assert pool.submit(lambda: "again").result(WAIT) == "again"
+    finally:
+        pool.shutdown()

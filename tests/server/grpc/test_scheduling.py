@@ -4,12 +4,14 @@ tasks (/proc/PID/task) after gRPC calls have started its pool's threads."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
+from oip.server.grpc.server import threaded_server
 from serving import TIMEOUT, Server, build_repository, simple_grpc_request, start_server
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
@@ -49,3 +51,15 @@ def test_the_grpc_threads_run_under_the_policy_asked_for(tmp_path: Path, flags: 
         assert changed and changed <= set(started), after  # only threads the calls started: the pool's
     else:
         assert not changed, after
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    """A policy that is neither batch nor normal (a Settings value from Python: the flag has choices) is an error
+    at start-up, not the system's policy in silence."""
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="must be one of batch, normal, got 'Batch'"):
+            threaded_server("inference.GRPCInferenceService", {}, {}, loop, 1, [], "Batch")
+        assert threaded_server("inference.GRPCInferenceService", {}, {}, loop, 1, [], "normal") is not None
+    finally:
+        loop.close()

@@ -15,6 +15,7 @@ unary call is given to a thread only once its request has arrived (`arrival`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from typing import Any
 from . import arrival
 
 __all__ = ["WarmPool"]
+
+log = logging.getLogger(__name__)
 
 _Item = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -54,7 +57,9 @@ class WarmPool:
         self._backlog: deque[_Item] = deque()  # calls waiting for a thread, every one being busy
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self._initializer = initializer  # run by each thread as it starts, as ThreadPoolExecutor's
+        # Run by each thread as it starts, before its first call. One that raises is logged and the thread serves
+        # anyway: the call it was started for must not be left unanswered.
+        self._initializer = initializer
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -87,7 +92,10 @@ class WarmPool:
 
     def _work(self, worker: _Worker, item: _Item | None) -> None:
         if self._initializer is not None:
-            self._initializer()
+            try:
+                self._initializer()
+            except Exception:
+                log.exception("a gRPC thread's initializer failed; the thread serves calls without it")
         while item is not None:
             _run(item)
             item = None  # nothing of a finished call is kept while the thread sleeps

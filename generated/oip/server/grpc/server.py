@@ -38,6 +38,7 @@ import grpc.aio
 
 from ..core.pipeline import Pipeline
 from ..observe.metrics import Metrics
+from ..settings import GRPC_THREAD_SCHEDULING
 from .in_thread import NOT_HERE, in_thread
 from .pool import WarmPool
 from .servicer import ServicerBase, method_handlers, observer, status
@@ -273,7 +274,11 @@ def threaded_server(
 ) -> grpc.Server:
     """A synchronous server of `service` whose calls run `handlers` (grpc.aio behaviours: coroutines, async
     generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread; with
-    `scheduling` "batch", its threads run under SCHED_BATCH (`_batch_scheduling`)."""
+    `scheduling` "batch", its threads run under SCHED_BATCH (`_batch_scheduling`); ValueError for a policy that is
+    neither "batch" nor "normal"."""
+    if scheduling not in GRPC_THREAD_SCHEDULING:
+        raise ValueError(f"the gRPC threads' scheduling must be one of {', '.join(GRPC_THREAD_SCHEDULING)}, "
+                         f"got {scheduling!r}")
     bridge = _Bridge(loop)
     sync: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for name, handler in handlers.items():

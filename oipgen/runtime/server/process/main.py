@@ -32,7 +32,7 @@ from ..core import model_control
 from ..core.dataplane import DataPlane
 from ..errors import clip
 from ..observe.logs import configure_logging
-from ..settings import Settings
+from ..settings import GRPC_THREAD_SCHEDULING, Settings
 from .allocator import MMAP_THRESHOLD, tune_allocator
 from .cluster import WorkerRole
 from .grpc_io import GRPC_EXPERIMENTS
@@ -154,7 +154,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--grpc-threads", type=_positive, default=defaults.grpc_threads, metavar="N",
                    help="gRPC calls served at once, a thread each; a stream holds one while open "
                         "(default: %(default)s)")
-    p.add_argument("--grpc-thread-scheduling", choices=("batch", "normal"), default=defaults.grpc_thread_scheduling,
+    p.add_argument("--grpc-thread-scheduling", choices=GRPC_THREAD_SCHEDULING, default=defaults.grpc_thread_scheduling,
                    help="the gRPC threads' scheduling policy on Linux: 'batch' (SCHED_BATCH: a woken thread waits for "
                         "the running one rather than preempting it) or 'normal' (default: %(default)s)")
     p.add_argument("--workers", type=_workers, default="1", metavar="N",
