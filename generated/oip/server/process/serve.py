@@ -218,15 +218,16 @@ async def serve(
             sock = listening_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port, what="REST")
             sockets.append(sock)
             http_port = int(sock.getsockname()[1])
+            app = assembly.rest_app()
             config = uvicorn.Config(
-                assembly.rest_app(),
+                app,
                 log_config=None,
                 access_log=False,  # the app writes its own access log (`--access-log`), over both transports
                 lifespan="off",
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
                 http=http_protocol(settings.http_header_timeout, settings.http_body_timeout,
-                                   settings.http_max_header_bytes),
+                                   settings.http_max_header_bytes, app),
                 h11_max_incomplete_event_size=settings.http_max_header_bytes,  # without httptools
                 ws="none",
                 server_header=False,

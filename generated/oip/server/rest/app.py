@@ -41,7 +41,7 @@ from ..observe.metrics import CONTENT_TYPE, Metric, Metrics, render
 from ..settings import Settings
 from .document import DOCUMENT
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
-from .handlers import Handler, error_response, json_handler, message_handler, tensor_handler
+from .handlers import Answer, Handler, error_response, json_handler, message_handler, tensor_answer, tensor_handler
 from .infer_codec import BinaryParts
 from .openapi import openapi_document, published_document
 
@@ -72,6 +72,8 @@ class OipApp(FastAPI):
     """
 
     fast_routes: tuple[tuple[str, re.Pattern[str], Handler], ...] = ()
+    # The inference routes' answers, for the HTTP layer to call without ASGI (`rest.http`): POST paths only.
+    direct_routes: tuple[tuple[re.Pattern[str], str, tuple[tuple[str, str], ...], Answer], ...] = ()
     # Told about every answered request: `count` (metrics) its operation and status; `log` (the access log) its
     # scope, status, bytes sent and start (perf_counter_ns).
     count: Callable[[str, int], None] | None = None
@@ -80,6 +82,18 @@ class OipApp(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         return self.document
+
+    def direct(self, path: str) -> tuple[str, dict[str, str], Answer] | None:
+        """The operation, path fields and answer of a POST to `path` that the HTTP layer may answer itself (an
+        inference route); None for any other path, or when the app is mounted under a root path."""
+        if self.root_path:
+            return None
+        for pattern, operation, params, answer in self.direct_routes:
+            match = pattern.fullmatch(path)
+            if match is not None:
+                found = match.groupdict()
+                return operation, {field: found[name] for name, field in params}, answer
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -228,8 +242,12 @@ def create_app(
             handler = json_handler(dataplane, settings, endpoint)
             app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
         elif endpoint.operation in TENSOR_OPERATIONS:
-            handler = tensor_handler(dataplane, settings, endpoint, repository, tracing)
-            app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
+            answer = tensor_answer(dataplane, settings, endpoint, repository, tracing)
+            handler = tensor_handler(endpoint, answer, settings)
+            pattern = _path_pattern(endpoint.path)
+            app.fast_routes += ((endpoint.method, pattern, handler),)
+            if endpoint.method == "POST":
+                app.direct_routes += ((pattern, endpoint.operation, tuple(endpoint.params), answer),)
         else:
             handler = message_handler(dataplane, settings, endpoint)
         app.add_route(endpoint.path, handler, methods=[endpoint.method], include_in_schema=False)

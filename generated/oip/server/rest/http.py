@@ -27,6 +27,16 @@ What happens below the application, where FastAPI never sees the request:
   ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
   (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
 
+- An inference request (a POST to an inference route of the app, `OipApp.direct`) with a small body of a declared
+  length is answered here, without ASGI: its body is collected as it arrives and handed, whole, to the route's
+  answer (the one the app's ASGI route calls too: the same decoding, data plane, errors, metrics and access log);
+  the answer is written as one piece. ASGI's per-request scope, messages, task and the framework's request object
+  cost about as much CPU as the rest of a small inference; here the answer runs in the protocol's callback, and a
+  task is made only if it has to wait (a model in a worker thread, a dynamic batch). Anything else, and a request
+  that pipelines behind one still being answered, expects `100-continue`, is chunked or compressed, takes more
+  than `_DIRECT_MAX_BODY` bytes, or names its client in forwarding headers while the access log is on, goes
+  through ASGI as before.
+
 Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
 400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
 to the same limit).
@@ -35,17 +45,95 @@ to the same limit).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Final
+import contextvars
+import logging
+import time
+import types
+import urllib.parse
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Final, Protocol
 
 import orjson
+from starlette.responses import Response
 
-__all__ = ["BUFFER_BODIES", "http_protocol"]
+__all__ = ["BUFFER_BODIES", "DirectApp", "http_protocol"]
 
 BUFFER_BODIES: Final = "oip.http.response.buffer_bodies"
 """The ASGI scope extension of a server that writes a response body given as any bytes-like object as it is."""
 
 _LINGER: Final = 2.0  # seconds a refused connection's further bytes are read and dropped before it closes
 _MALFORMED: Final = "the request is not valid HTTP/1.1 (request line or headers could not be parsed)"
+_DIRECT_MAX_BODY: Final = 1 << 16  # request body bytes up to which an inference request is answered directly
+_FORWARDED: Final = (b"x-forwarded-for", b"x-forwarded-proto")  # rewrite the client's address (uvicorn's proxy headers)
+
+log = logging.getLogger(__name__)
+
+Answer = Callable[[dict[str, Any], bytes, Sequence[tuple[bytes, bytes]], bool], Awaitable[Response]]
+
+
+class DirectApp(Protocol):
+    """What the HTTP layer needs of the app to answer its inference requests itself (`OipApp` has it): the route of
+    a POST path (operation, path fields, answer) or None, and who counts and logs each answer."""
+
+    count: Callable[[str, int], None] | None
+    log: Callable[[Any, int, int, int], None] | None
+
+    def direct(self, path: str) -> tuple[str, dict[str, str], Answer] | None: ...
+
+
+class _Event:
+    """What uvicorn's protocol sets on a request's cycle when its body moves or the connection is lost: a direct
+    request has nobody waiting for that."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT: Final = _Event()
+
+
+class _Direct:
+    """A request answered by the HTTP layer itself: what uvicorn's protocol (and the timeouts) read and write of a
+    request's cycle, the route's answer, and the body as it arrives."""
+
+    __slots__ = ("answer", "chunks", "disconnected", "fields", "keep_alive", "message_event", "more_body",
+                 "operation", "response_complete", "response_started", "scope", "start")
+
+    def __init__(self, scope: Any, operation: str, fields: dict[str, str], answer: Any, keep_alive: bool,
+                 start: int) -> None:
+        self.scope = scope  # for the access log
+        self.operation = operation
+        self.fields = fields
+        self.answer = answer
+        self.keep_alive = keep_alive
+        self.start = start
+        self.chunks: list[bytes] = []
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self.message_event = _NO_EVENT
+
+
+@types.coroutine
+def _resume(coroutine: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, Any, Any]:
+    """Go on with `coroutine`, started outside a task, which has yielded `waiting` (what it awaits) to its caller:
+    the task running this hands it what it is sent or thrown, as `await` would have."""
+    while True:
+        try:
+            sent = yield waiting
+        except BaseException as exc:
+            try:
+                waiting = coroutine.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                waiting = coroutine.send(sent)
+            except StopIteration as done:
+                return done.value
 
 
 def _answer(status: bytes, message: str) -> bytes:
@@ -56,11 +144,13 @@ def _answer(status: bytes, message: str) -> bytes:
     ])
 
 
-def http_protocol(header_timeout: float, body_timeout: float,
-                  max_header_bytes: int = 64 * 1024) -> type[asyncio.Protocol] | str:
-    """The protocol class for `uvicorn.Config(http=...)`: httptools' with the changes above, or "auto"."""
+def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: int = 64 * 1024,
+                  app: DirectApp | None = None, max_body_bytes: int = _DIRECT_MAX_BODY) -> type[asyncio.Protocol] | str:
+    """The protocol class for `uvicorn.Config(http=...)`: httptools' with the changes above, or "auto". With `app`
+    (the app the server runs), inference requests to it are answered directly, bodies up to `max_body_bytes`."""
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        import httptools
+        from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
     except ImportError:  # no httptools: uvicorn's h11 protocol as it is
         return "auto"
 
@@ -172,20 +262,143 @@ def http_protocol(header_timeout: float, body_timeout: float,
             if self._first + self._later > max_header_bytes and self._head_size() > max_header_bytes:
                 self._refuse()
                 return
-            super().on_headers_complete()
+            direct = self._direct() if app is not None else None
+            if direct is None:
+                super().on_headers_complete()
+            else:
+                self.cycle = direct  # type: ignore[assignment]  # read as a cycle by uvicorn's protocol
             self._receiving = self.loop.time()  # until the message is complete
 
         def on_body(self, body: bytes) -> None:
             if self._refused:
                 return
-            super().on_body(body)
+            cycle: Any = self.cycle
+            if type(cycle) is _Direct:
+                cycle.chunks.append(body)
+            else:
+                super().on_body(body)
             self._receiving = self.loop.time()
 
         def on_message_complete(self) -> None:
             if self._refused:
                 return
             self._receiving = None
-            super().on_message_complete()
+            cycle: Any = self.cycle
+            if type(cycle) is _Direct:
+                cycle.more_body = False
+                self._answer(cycle)
+            else:
+                super().on_message_complete()
+
+        # --- inference requests answered here (see the module's description) -----------------------------------
+
+        def _direct(self) -> _Direct | None:
+            """The request whose headers are complete as one to answer here, or None (ASGI's)."""
+            assert app is not None
+            parser = self.parser
+            if (self.cycle is not None and not self.cycle.response_complete) or self.expect_100_continue:
+                return None
+            if parser.get_method() != b"POST" or parser.should_upgrade() or self.root_path:
+                return None
+            size = None
+            for name, value in self.headers:
+                if name == b"content-length":
+                    if size is not None or not value.isdigit():
+                        return None
+                    size = int(value)
+                elif (name == b"transfer-encoding" or (name == b"content-encoding" and value.lower() != b"identity")
+                      or (name in _FORWARDED and app.log is not None)):
+                    return None
+            if size is None or size > max_body_bytes:
+                return None
+            raw_path = httptools.parse_url(self.url).path
+            path = raw_path.decode("ascii")
+            if "%" in path:
+                path = urllib.parse.unquote(path)
+            route = app.direct(path)
+            if route is None:
+                return None
+            version = parser.get_http_version()
+            scope = self.scope
+            scope["method"], scope["path"], scope["raw_path"] = "POST", path, raw_path
+            if version != "1.1":
+                scope["http_version"] = version
+            operation, fields, answer = route
+            scope["oip_operation"] = operation  # type: ignore[typeddict-unknown-key]
+            keep_alive = version != "1.0" and parser.should_keep_alive()
+            return _Direct(scope, operation, fields, answer, keep_alive, time.perf_counter_ns() if app.log else 0)
+
+        def _answer(self, cycle: _Direct) -> None:
+            """Run the request's answer: to its end here when it need not wait, else as a task."""
+            chunks = cycle.chunks
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            cycle.chunks = []
+            context = contextvars.copy_context()  # what the answer sets stays its own, as in a task of its own
+            coroutine = cycle.answer(cycle.fields, body, self.headers, True)
+            try:
+                waiting = context.run(coroutine.send, None)
+            except StopIteration as done:
+                self._respond(cycle, done.value)
+                return
+            except BaseException:
+                log.exception("answering an inference request failed")
+                self._fail(cycle)
+                return
+            task = self.loop.create_task(self._finish(cycle, coroutine, waiting), context=context)
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)  # shutting down waits for it, as for uvicorn's own
+
+        async def _finish(self, cycle: _Direct, coroutine: Coroutine[Any, Any, Response], waiting: Any) -> None:
+            try:
+                response = await _resume(coroutine, waiting)
+            except BaseException:
+                log.exception("answering an inference request failed")
+                self._fail(cycle)
+                raise
+            self._respond(cycle, response)
+
+        def _respond(self, cycle: _Direct, response: Response) -> None:
+            """Write `response` (its status line and headers, the server's own, and its body or parts as one piece),
+            count and log it, and let the connection go on."""
+            status = response.status_code
+            head: list[bytes | memoryview] = [STATUS_LINE[status]]
+            for name, value in self.server_state.default_headers:
+                head += (name, b": ", value, b"\r\n")
+            for name, value in response.raw_headers:
+                head += (name, b": ", value, b"\r\n")
+            if not cycle.keep_alive:
+                head.append(b"connection: close\r\n")
+            head.append(b"\r\n")
+            parts = getattr(response, "parts", None)
+            if parts is not None:
+                sent = response.size  # type: ignore[attr-defined]
+                head += parts
+            else:
+                sent = len(response.body)
+                head.append(response.body)
+            cycle.response_started = True
+            if not cycle.disconnected:
+                self.transport.writelines(head)
+            self._complete(cycle, status, sent)
+
+        def _fail(self, cycle: _Direct) -> None:
+            """Answer 500 to a request whose answer broke (it answers its own errors: this is a defect)."""
+            if not cycle.disconnected and not cycle.response_started:
+                cycle.response_started = True
+                cycle.keep_alive = False
+                self.transport.write(_answer(b"500 Internal Server Error", "internal server error"))
+            self._complete(cycle, 500, 0)
+
+        def _complete(self, cycle: _Direct, status: int, sent: int) -> None:
+            cycle.response_complete = True
+            assert app is not None
+            if app.count is not None:
+                app.count(cycle.operation, status)
+            if app.log is not None:
+                app.log(cycle.scope, status, sent, cycle.start)
+            if not cycle.keep_alive:
+                self.transport.close()
+            self.on_response_complete()
 
         def send_400_response(self, msg: str) -> None:
             if self._refused:

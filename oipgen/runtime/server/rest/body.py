@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, Literal, overload
 
 import orjson
@@ -15,7 +15,7 @@ from starlette.requests import Request
 from ... import framing
 from ..errors import InvalidRequest, TooLarge
 
-__all__ = ["HEADER_LENGTH", "header", "json_kind", "parse_json", "read_body"]
+__all__ = ["HEADER_LENGTH", "header", "header_value", "json_kind", "parse_json", "read_body"]
 
 
 @overload
@@ -76,9 +76,14 @@ def header(request: Request, name: bytes) -> str | None:
     """The value of the request's header `name` (lowercase, as ASGI gives header names), None when it has none.
     Read from the ASGI scope: Starlette's `Headers.get` raises and catches a KeyError for each absent header, and the
     inference path asks for three that are mostly absent."""
-    for key, value in request.scope["headers"]:
+    return header_value(request.scope["headers"], name)
+
+
+def header_value(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The value of header `name` (lowercase) in `headers` (name and value pairs, names lowercase), None when absent."""
+    for key, value in headers:
         if key == name:
-            return value.decode("latin-1")  # type: ignore[no-any-return]
+            return value.decode("latin-1")
     return None
 
 

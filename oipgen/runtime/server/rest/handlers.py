@@ -17,7 +17,7 @@ Handlers only decode, call the data plane and encode; every rule of the protocol
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -34,12 +34,13 @@ from ..errors import ErrorKind, InvalidRequest, Unimplemented, bounded, failure
 from ..observe.tracing import carrier
 from ..settings import Settings
 from ..types import InferRequest, InferResponse
-from .body import HEADER_LENGTH, header, json_kind, parse_json, read_body
+from .body import HEADER_LENGTH, header_value, json_kind, parse_json, read_body
 from .endpoints import Endpoint, RestOnlyEndpoint
 from .http import BUFFER_BODIES
 from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response
 
-__all__ = ["HTTP_STATUS", "Handler", "error_response", "json_handler", "message_handler", "tensor_handler"]
+__all__ = ["HTTP_STATUS", "Answer", "Handler", "error_response", "json_handler", "message_handler", "tensor_answer",
+           "tensor_handler"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -191,18 +192,22 @@ async def _close(answers: AsyncIterator[Any]) -> None:
 # --- inference ------------------------------------------------------------------------------------------------
 
 
-def tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoint,
-                   repository: ModelRepository | None, tracing: bool) -> Handler:
-    """An inference route: with `repository`, an unknown model is refused before a body that does not decode;
-    with `tracing`, the caller's trace context goes with the request."""
+Answer = Callable[[dict[str, Any], "bytes | memoryview", Sequence[tuple[bytes, bytes]], bool], Awaitable[Response]]
+"""An inference route's answer to a request whose body has been read: its path fields, its body, its headers (names
+lowercase, as ASGI and the HTTP layer give them) and whether the answer may be written as parts (`BinaryParts`).
+Every error is answered, never raised."""
+
+
+def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoint,
+                  repository: ModelRepository | None, tracing: bool) -> Answer:
+    """An inference route's answer (`Answer`): with `repository`, an unknown model is refused before a body that
+    does not decode; with `tracing`, the caller's trace context goes with the request."""
     call: Callable[[InferRequest], Awaitable[InferResponse]] = getattr(dataplane, endpoint.operation)
 
-    async def handle(request: Request) -> Response:
-        request.scope["oip_operation"] = endpoint.operation
+    async def answer(fields: dict[str, Any], raw: bytes | memoryview, headers: Sequence[tuple[bytes, bytes]],
+                     parts: bool) -> Response:
         try:
-            raw = await read_body(request, settings.max_request_bytes, view=True)
-            fields = {field: request.path_params[name] for name, field in endpoint.params}
-            header_length = header(request, HEADER_LENGTH)
+            header_length = header_value(headers, HEADER_LENGTH)
             try:
                 if header_length is not None and not binary_enabled(settings):
                     raise Unimplemented(NO_BINARY)
@@ -225,11 +230,27 @@ def tensor_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpo
                 setattr(infer_request, field, value)
             infer_request.transport = "rest"
             if tracing:
-                infer_request.trace = carrier(lambda name: header(request, name.encode("latin-1")))
+                infer_request.trace = carrier(lambda name: header_value(headers, name.encode("latin-1")))
             response = await call(infer_request)
-            extensions = request.scope.get("extensions") or {}
-            return encode_infer_response(response, listed, default_binary, parts=BUFFER_BODIES in extensions)
+            return encode_infer_response(response, listed, default_binary, parts=parts)
         except Exception as exc:
             return error_response(exc, settings)
+
+    return answer
+
+
+def tensor_handler(endpoint: Endpoint, answer: Answer, settings: Settings) -> Handler:
+    """An inference route's handler over ASGI: the body read whole, then `answer`."""
+
+    async def handle(request: Request) -> Response:
+        scope = request.scope
+        scope["oip_operation"] = endpoint.operation
+        try:
+            raw = await read_body(request, settings.max_request_bytes, view=True)
+        except Exception as exc:
+            return error_response(exc, settings)
+        fields = {field: request.path_params[name] for name, field in endpoint.params}
+        extensions = scope.get("extensions") or {}
+        return await answer(fields, raw, scope["headers"], BUFFER_BODIES in extensions)
 
     return handle
