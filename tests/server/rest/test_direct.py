@@ -192,6 +192,22 @@ def test_anything_else_goes_through_asgi(protocol: Any, request_bytes: bytes) ->
     assert transport.written.endswith(b"\r\n\r\nasgi")
 
 
+def test_a_client_that_does_not_read_its_answers_is_answered_through_asgi(protocol: Any) -> None:
+    proto, app, transport, _, loop = protocol
+    proto.pause_writing()  # the transport's buffer is full: the client reads nothing
+    proto.data_received(_post("/v2/models/m/infer", b"a"))
+
+    async def settle() -> None:
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(settle())
+    assert not app.seen and not transport.written  # ASGI's way waits for the client to read before answering
+    proto.resume_writing()
+    loop.run_until_complete(settle())
+    assert transport.written.endswith(b"asgi")
+
+
 def test_forwarded_client_goes_through_asgi_only_when_logging(protocol: Any) -> None:
     proto, app, transport, _, loop = protocol
     proto.data_received(_post("/v2/models/m/infer", b"a", "x-forwarded-for: 10.0.0.1"))
