@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
 from oip import framing
 from oip.server.rest.http import http_protocol
+from oip.server.rest.infer_codec import BinaryParts
 from serving import (
     STOP_TIMEOUT,
     Server,
@@ -137,6 +139,21 @@ def test_a_small_inference_is_answered_within_the_read(protocol: Any) -> None:
     assert b"content-length: 8\r\n" in transport.written
     assert app.counted == [("model_infer", 200)]
     assert not transport.closed
+
+
+def test_an_answer_in_parts_is_written_as_its_parts(protocol: Any) -> None:
+    proto, app, transport, _, _ = protocol
+    data = np.arange(20_000, dtype=np.float32)  # 80,000 bytes of output: sent as parts, not joined into one body
+
+    async def answer(fields: dict[str, str], body: Any, headers: Any, parts: bool) -> Response:
+        assert parts
+        return BinaryParts(b'{"outputs":[]}', [memoryview(data).cast("B")])
+
+    app.answer = answer  # type: ignore[method-assign]
+    proto.data_received(_post("/v2/models/m/infer", b"{}"))
+    head, _, body = bytes(transport.written).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and f"content-length: {14 + data.nbytes}".encode() in head
+    assert body == b'{"outputs":[]}' + data.tobytes()
 
 
 def test_a_body_in_pieces_is_answered_once_whole(protocol: Any) -> None:

@@ -351,6 +351,9 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
         async def _finish(self, cycle: _Direct, coroutine: Coroutine[Any, Any, Response], waiting: Any) -> None:
             try:
                 response = await _resume(coroutine, waiting)
+            except asyncio.CancelledError:  # the server stops without waiting any longer
+                self._fail(cycle)
+                raise
             except BaseException:
                 log.exception("answering an inference request failed")
                 self._fail(cycle)
