@@ -58,7 +58,7 @@ from typing import Any, Final, Protocol
 import orjson
 from starlette.responses import Response
 
-__all__ = ["BUFFER_BODIES", "DirectApp", "http_protocol"]
+__all__ = ["BUFFER_BODIES", "Answer", "DirectApp", "http_protocol"]
 
 BUFFER_BODIES: Final = "oip.http.response.buffer_bodies"
 """The ASGI scope extension of a server that writes a response body given as any bytes-like object as it is."""
@@ -70,7 +70,10 @@ _FORWARDED: Final = (b"x-forwarded-for", b"x-forwarded-proto")  # rewrite the cl
 
 log = logging.getLogger(__name__)
 
-Answer = Callable[[dict[str, Any], bytes, Sequence[tuple[bytes, bytes]], bool], Awaitable[Response]]
+Answer = Callable[[dict[str, Any], "bytes | memoryview", Sequence[tuple[bytes, bytes]], bool], Awaitable[Response]]
+"""An inference route's answer to a request whose body has been read (`handlers.tensor_answer`): its path fields, its
+body, its headers (names lowercase, as ASGI and the HTTP layer give them) and whether the answer may be written as
+parts (`BinaryParts`). Every error is answered, never raised."""
 
 
 class DirectApp(Protocol):

@@ -37,7 +37,8 @@ from ..observe.metrics import CONTENT_TYPE, Metric, Metrics, render
 from ..settings import Settings
 from .document import DOCUMENT
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
-from .handlers import Answer, Handler, error_response, json_handler, message_handler, tensor_answer, tensor_handler
+from .handlers import Handler, error_response, json_handler, message_handler, tensor_answer, tensor_handler
+from .http import Answer
 from .infer_codec import BinaryParts
 from .openapi import openapi_document, published_document
 

@@ -36,10 +36,10 @@ from ..settings import Settings
 from ..types import InferRequest, InferResponse
 from .body import HEADER_LENGTH, header_value, json_kind, parse_json, read_body
 from .endpoints import Endpoint, RestOnlyEndpoint
-from .http import BUFFER_BODIES
+from .http import BUFFER_BODIES, Answer
 from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response
 
-__all__ = ["HTTP_STATUS", "Answer", "Handler", "error_response", "json_handler", "message_handler", "tensor_answer",
+__all__ = ["HTTP_STATUS", "Handler", "error_response", "json_handler", "message_handler", "tensor_answer",
            "tensor_handler"]
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -190,12 +190,6 @@ async def _close(answers: AsyncIterator[Any]) -> None:
 
 
 # --- inference ------------------------------------------------------------------------------------------------
-
-
-Answer = Callable[[dict[str, Any], "bytes | memoryview", Sequence[tuple[bytes, bytes]], bool], Awaitable[Response]]
-"""An inference route's answer to a request whose body has been read: its path fields, its body, its headers (names
-lowercase, as ASGI and the HTTP layer give them) and whether the answer may be written as parts (`BinaryParts`).
-Every error is answered, never raised."""
 
 
 def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoint,
