@@ -54,6 +54,8 @@ from typing import Any, Final, Protocol
 import orjson
 from starlette.responses import Response
 
+from .infer_codec import BinaryParts
+
 __all__ = ["BUFFER_BODIES", "Answer", "DirectApp", "http_protocol"]
 
 BUFFER_BODIES: Final = "oip.http.response.buffer_bodies"
@@ -146,9 +148,9 @@ def _answer(status: bytes, message: str) -> bytes:
 
 
 def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: int = 64 * 1024,
-                  app: DirectApp | None = None, max_body_bytes: int = _DIRECT_MAX_BODY) -> type[asyncio.Protocol] | str:
+                  app: DirectApp | None = None) -> type[asyncio.Protocol] | str:
     """The protocol class for `uvicorn.Config(http=...)`: httptools' with the changes above, or "auto". With `app`
-    (the app the server runs), inference requests to it are answered directly, bodies up to `max_body_bytes`."""
+    (the app the server runs), its inference requests are answered here (see the module's description)."""
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -312,7 +314,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                 elif (name == b"transfer-encoding" or (name == b"content-encoding" and value.lower() != b"identity")
                       or (name in _FORWARDED and app.log is not None)):
                     return None
-            if size is None or size > max_body_bytes:
+            if size is None or size > _DIRECT_MAX_BODY:
                 return None
             raw_path = httptools.parse_url(self.url).path
             path = raw_path.decode("ascii")
@@ -375,10 +377,9 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
             if not cycle.keep_alive:
                 head.append(b"connection: close\r\n")
             head.append(b"\r\n")
-            parts = getattr(response, "parts", None)
-            if parts is not None:
-                sent = response.size  # type: ignore[attr-defined]
-                head += parts
+            if type(response) is BinaryParts:
+                sent = response.size
+                head += response.parts
             else:
                 sent = len(response.body)
                 head.append(response.body)
