@@ -146,10 +146,16 @@ class Pipeline:
             return False
         return runs_alone(model)
 
+    def runs_inline(self, name: str, version: str) -> bool:
+        """Whether a request to this model version can be answered at once by the thread that has it, never waiting
+        (for a worker slot, a batch or the event loop): it `runs_in_thread` and the model is `inline`."""
+        plan = self.lean.plan(name, version)
+        return plan is not None and plan.inline
+
     def infer_in_thread(self, request: InferRequest) -> InferResponse:
         """`infer`, in this thread and without the event loop, for a model that `runs_in_thread`: the same phases,
         checks, observers and errors. The model runs when one of `Settings.model_threads` slots is free (the
-        wait is the queue), the slots the event loop's path uses too."""
+        wait is the queue), the slots the event loop's path uses too; an inline model takes none, as on the loop."""
         response = self.lean.infer_in_thread(request)
         if response is not None:
             return response
@@ -160,7 +166,7 @@ class Pipeline:
             prepared = self.prepare(model, request)
             with self.shared_memory.using(prepared.placements) as regions:
                 timer.enter(QUEUE)
-                with self.model_slots:
+                with contextlib.nullcontext() if model.inline else self.model_slots:
                     timer.enter(COMPUTE_INFER)
                     result = call_in_thread(model, prepared.inputs, prepared.parameters)
                 timer.enter(COMPUTE_OUTPUT)

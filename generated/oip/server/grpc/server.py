@@ -39,7 +39,7 @@ import grpc.aio
 from ..core.pipeline import Pipeline
 from ..observe.metrics import Metrics
 from ..settings import GRPC_THREAD_SCHEDULING
-from .in_thread import NOT_HERE, in_thread
+from .in_thread import NOT_HERE, InThread, in_thread
 from .pool import WarmPool
 from .servicer import ServicerBase, method_handlers, observer, status
 
@@ -266,27 +266,32 @@ def _batch_scheduling() -> None:
 def threaded_server(
     service: str,
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]],
-    fast: dict[str, Callable[[Any, Any], Any]],
+    fast: dict[str, InThread],
     loop: asyncio.AbstractEventLoop,
     threads: int,
     options: list[tuple[str, Any]],
     scheduling: str = "normal",
 ) -> grpc.Server:
     """A synchronous server of `service` whose calls run `handlers` (grpc.aio behaviours: coroutines, async
-    generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread; with
-    `scheduling` "batch", its threads run under SCHED_BATCH (`_batch_scheduling`); ValueError for a policy that is
-    neither "batch" nor "normal"."""
+    generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread (the
+    polling thread itself, for a call whose request `runs_here`: it never waits); with `scheduling` "batch", its
+    threads run under SCHED_BATCH (`_batch_scheduling`); ValueError for a policy that is neither "batch" nor
+    "normal"."""
     if scheduling not in GRPC_THREAD_SCHEDULING:
         raise ValueError(f"the gRPC threads' scheduling must be one of {', '.join(GRPC_THREAD_SCHEDULING)}, "
                          f"got {scheduling!r}")
     bridge = _Bridge(loop)
     sync: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    answers_here: dict[Any, Callable[[Any], bool]] = {}  # by unary handler: whether its call never waits
     for name, handler in handlers.items():
         wire = {"request_deserializer": handler.request_deserializer,
                 "response_serializer": handler.response_serializer}
         if handler.unary_unary is not None:
-            sync[name] = grpc.unary_unary_rpc_method_handler(
-                _unary_unary(bridge, handler.unary_unary, fast.get(name)), **wire)
+            quick = fast.get(name)
+            handle = _unary_unary(bridge, handler.unary_unary, quick.handle if quick is not None else None)
+            if quick is not None:
+                answers_here[handle] = quick.runs_here
+            sync[name] = grpc.unary_unary_rpc_method_handler(handle, **wire)
         elif handler.unary_stream is not None:
             sync[name] = grpc.unary_stream_rpc_method_handler(_unary_stream(bridge, handler.unary_stream), **wire)
         elif handler.stream_unary is not None:
@@ -294,7 +299,13 @@ def threaded_server(
         elif handler.stream_stream is not None:
             sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream), **wire)
     initializer = _batch_scheduling if scheduling == "batch" else None
-    server = grpc.server(WarmPool(threads, "oip-grpc", initializer), options=options)  # type: ignore[arg-type]
+
+    def runs_here(behavior: Any, request: Any) -> bool:
+        test = answers_here.get(behavior)
+        return test is not None and test(request)
+
+    pool = WarmPool(threads, "oip-grpc", initializer, runs_here)
+    server = grpc.server(pool, options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
     server.add_registered_method_handlers(service, sync)
     return server

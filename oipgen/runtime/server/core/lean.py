@@ -114,6 +114,9 @@ class Plan:
         self.batching = is_batching(model)  # dynamic batching: run in a batch
         self.max_batch_size = model.max_batch_size  # > 0: inputs and outputs have a batch dimension first
         self.plain = is_plain(model.infer)
+        # Quick and never blocking (`Model.inline`), run alone: called wherever its request is, at once, without
+        # a worker slot, as on the event loop (the gRPC polling thread answers such calls itself: it may not wait)
+        self.inline = self.plain and not self.batching and model.inline
         self.inputs = {spec.name: InputPlan(i, model, spec, limit) for i, spec in enumerate(model.inputs)}
         self.names = [spec.name for spec in model.inputs]
         self.outputs = {spec.name: spec for spec in model.outputs}
@@ -253,14 +256,16 @@ class Lean:
                 run.model, arrays, parameters, self._call)
             run.alone = False
             return _result(share)
-        slots = self.slots
-        slots.take()
+        slots = None if plan.inline else self.slots
+        if slots is not None:
+            slots.take()
         try:
             run.started = time.perf_counter_ns()
             result = call_in_thread(run.model, arrays, parameters)  # `plan.model`, or what a reload put in its place
             run.ended = time.perf_counter_ns()
         finally:
-            slots.give(None)
+            if slots is not None:
+                slots.give(None)
         return result
 
     def _call(self, model: Model, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:

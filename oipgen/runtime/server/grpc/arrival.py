@@ -47,12 +47,13 @@ def _supported() -> bool:
 SUPPORTED: Final = _supported()
 
 
-def defer(args: tuple[Any, ...], hand: Callable[[tuple[Any, ...]], None]) -> bool:
+def defer(args: tuple[Any, ...], hand: Callable[[tuple[Any, ...], Any], None]) -> bool:
     """If `args` are those grpcio submits a unary call with (`_unary_response_in_pool` and its arguments, run
     through the call's context), ask for the call's request now and `hand` on, once it has arrived, the same
     arguments but a request thunk that takes it without waiting; True. False for any other call, or when the call
     is over already: the caller submits it as given. Runs in grpcio's polling thread, as `submit` does; `hand`
-    runs there too, and may raise RuntimeError (the pool is shut down): the call is then refused as UNAVAILABLE."""
+    runs there too, given the arguments and the request (deserialized; None when the client sent none), and may
+    raise RuntimeError (the pool is shut down): the call is then refused as UNAVAILABLE."""
     if not SUPPORTED or len(args) != 7 or args[0] is not _RESPOND:
         return False
     respond, event, state, behavior, _, deserializer, serializer = args
@@ -72,7 +73,7 @@ def defer(args: tuple[Any, ...], hand: Callable[[tuple[Any, ...]], None]) -> boo
     def arrived(received: Any) -> Any:
         outcome = receive(received)  # grpcio's: the request (or the client's end) recorded, its token counted off
         try:
-            hand((respond, event, state, behavior, take, deserializer, serializer))
+            hand((respond, event, state, behavior, take, deserializer, serializer), state.request)
         except RuntimeError:
             with state.condition:
                 if _grpc._is_rpc_state_active(state):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
@@ -41,7 +42,7 @@ from ..types import InferResponse
 from .infer_codec import InferCodec, InferWire, Malformed, message_size
 from .servicer import Observe, metadata, status
 
-__all__ = ["NOT_HERE", "UnaryInfer", "in_thread"]
+__all__ = ["NOT_HERE", "InThread", "UnaryInfer", "in_thread"]
 
 NOT_HERE: Final = object()
 """What the thread's handler returns when the call must take the event loop's way."""
@@ -205,9 +206,21 @@ def _params(entries: Any) -> dict[str, Any]:
     return convert.params_from_proto(pb.InferParameter.DESCRIPTOR.full_name, entries)
 
 
+@dataclass(frozen=True, slots=True)
+class InThread:
+    """The gRPC thread's handler of unary inference (`in_thread`), and whether a call can be answered at once by
+    the thread its request arrives on (`runs_here`: grpcio's polling thread then answers it itself, `WarmPool`)."""
+
+    handle: Callable[[Any, grpc.ServicerContext], Any]
+    runs_here: Callable[[Any], bool]
+
+    def __call__(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self.handle(request, context)
+
+
 def in_thread(
     pipeline: Pipeline, settings: Settings, infer: InferCodec[Any], rpc: str, observe: Observe | None, tracing: bool
-) -> Callable[[Any, grpc.ServicerContext], Any]:
+) -> InThread:
     """Unary inference wholly in the gRPC thread, for a model that allows it (`Pipeline.runs_in_thread`): the same
     decoding, pipeline, encoding and errors as the servicer's way (`ServicerBase.infer_call`); NOT_HERE for any
     other request. The common request takes the lean way (`UnaryInfer`: the same checks, counts and errors, less
@@ -256,4 +269,13 @@ def in_thread(
             if observe is not None:
                 observe(rpc, code, start, request, sent)
 
-    return infer_in_thread
+    def runs_here(request: Any) -> bool:
+        """Whether the call of this (deserialized) request never waits: a request to an inline model that runs
+        alone (`Pipeline.runs_inline`). Anything else (a malformed request, any other model) may wait."""
+        message = request.message if type(request) is InferWire else request
+        if type(message) is not request_type:
+            return False
+        named: Any = message  # an inference request message (the codec's type)
+        return pipeline.runs_inline(named.model_name, named.model_version)
+
+    return InThread(infer_in_thread, runs_here)

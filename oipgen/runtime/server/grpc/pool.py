@@ -1,4 +1,5 @@
-"""The gRPC server's thread pool (`WarmPool`): a call goes to the thread that went idle last.
+"""The gRPC server's thread pool (`WarmPool`): a call goes to the thread that went idle last, or is answered at once
+by the polling thread when it never waits.
 
 grpcio's synchronous server runs each call by `submit`ting it to the pool it is given. `ThreadPoolExecutor` wakes
 whichever idle thread has waited longest, so once the pool has grown (a burst of calls at once, streams that
@@ -7,6 +8,13 @@ caches since it last ran. Here the most recently idle thread takes the next call
 stay warm and the others sleep. What a call may do is unchanged: as many calls run at once as the pool has
 threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order. A
 unary call is given to a thread only once its request has arrived (`arrival`).
+
+A unary call that the server says never waits (`runs_here`: inference on a model declared quick and never
+blocking, `Model.inline`) is not handed to a thread at all: grpcio's polling thread, which has just received its
+request, answers it there and then, as the event loop calls such a model for REST. Handing a small call to a
+thread costs a wake-up and the interpreter passed back and forth (at c=1 about seven voluntary and five
+involuntary context switches a call, against one and none answered here); a call that could wait there would
+hold up every other call's I/O, so only those are answered here.
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ class WarmPool:
     and `shutdown` as `concurrent.futures.Executor` has them."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "",
-                 initializer: Callable[[], None] | None = None) -> None:
+                 initializer: Callable[[], None] | None = None,
+                 runs_here: Callable[[Any, Any], bool] | None = None) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._max = max_workers
@@ -56,13 +65,25 @@ class WarmPool:
         # Run by each thread as it starts, before its first call. One that raises is logged and the thread serves
         # anyway: the call it was started for must not be left unanswered.
         self._initializer = initializer
+        # Whether a unary call whose request has arrived never waits, by its handler and its request (see the
+        # module's description); asked in grpcio's polling thread.
+        self._runs_here = runs_here
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        if args and arrival.defer(args, lambda given: self._hand((future, fn, given, kwargs))):
+        if args and arrival.defer(args, lambda given, request: self._arrived((future, fn, given, kwargs), request)):
             return future  # handed to a thread once its request is in
         self._hand((future, fn, args, kwargs))
         return future
+
+    def _arrived(self, item: _Item, request: Any) -> None:
+        """A unary call whose request has arrived (None: the client sent none): answered here, in the polling
+        thread, when it never waits; else handed to a thread."""
+        runs_here = self._runs_here
+        if runs_here is not None and request is not None and not self._closed and runs_here(item[2][3], request):
+            _run(item)
+            return
+        self._hand(item)
 
     def _hand(self, item: _Item) -> None:
         """Give `item` to the thread that went idle last, a new thread, or the backlog. RuntimeError after
