@@ -15,7 +15,8 @@ floor of the transport it uses beside what it spends.
 
 With `--answer FILE` (bench/run.py's floor of a scenario), the variant `replay`: the synchronous server with our
 server's thread pool (`oip.server.grpc.pool.WarmPool` of `Settings.grpc_threads` threads, which hands a unary call to a
-thread once its request is in) answering the method of an answer recorded from a real
+thread once its request is in, or answers it in the polling thread where our server does: a call to an inline
+model, `servers.answered_in_polling_thread`) answering the method of an answer recorded from a real
 server (`bench/loadgen.py --record`) with it, unary or, for ModelStreamInfer, the recorded responses to each request
 of the stream; the harness drives it with the scenario's own load, so our server's CPU per request over this one's
 is what our server adds to grpcio.
@@ -102,7 +103,11 @@ def serve_replay(answer_file: Path, port: int) -> None:
     else:
         reply = replies[0]
         handler = grpc.unary_unary_rpc_method_handler(lambda request, context: reply)
-    server = grpc.server(WarmPool(Settings().grpc_threads, "floor"), options=options)  # type: ignore[arg-type]
+    # Where our server answers the model's unary calls, the floor answers them too: in the polling thread for an
+    # inline model (`servers.answered_in_polling_thread`), else in a pool thread.
+    here = not answer.get("stream") and servers.answered_in_polling_thread(servers.WORKLOAD_MODEL[answer["workload"]])
+    pool = WarmPool(Settings().grpc_threads, "floor", runs_here=lambda behavior, request: here)
+    server = grpc.server(pool, options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()

@@ -120,6 +120,26 @@ def test_a_floor_replays_our_answer_as_it_was_sent(ours: servers.Running, worklo
     assert result["server_cpu_us_per_infer"] is not None and result["server_cpu_us_per_infer"] > 0, result
 
 
+@pytest.mark.parametrize(("workload", "in_polling_thread"), [("text_grpc", True), ("batched_grpc", False)])
+def test_a_grpc_floor_answers_where_our_server_does(ours: servers.Running, workload: str, in_polling_thread: bool,
+                                                     tmp_path: Path) -> None:
+    """Our server answers a unary call to an inline model in grpcio's polling thread, and a call to a dynamically
+    batched one in a pool thread: so does the floor replaying its answer (an answer in the polling thread starts no
+    thread in the floor's process)."""
+    assert servers.answered_in_polling_thread(servers.WORKLOAD_MODEL[workload]) is in_polling_thread
+    answer = tmp_path / "answer.json"
+    servers.record_answer(ours, workload, 1000, answer)
+    floor = servers.start_floor(answer, tmp_path)
+    try:
+        before = len(os.listdir(f"/proc/{floor.pid}/task"))
+        result = loadgen.run(workload, floor.rest, floor.grpc, concurrency=2, duration=0.3, warmup=0.1, timeout=10)
+        after = len(os.listdir(f"/proc/{floor.pid}/task"))
+    finally:
+        servers.stop(floor)
+    assert result["requests"] > 0 and result["errors"] == 0, result
+    assert (after == before) is in_polling_thread, (before, after)
+
+
 def test_a_wrong_answer_is_not_recorded(ours: servers.Running, tmp_path: Path) -> None:
     """Recording checks the answer: a server that answers another model's answer (a floor replaying `simple`'s, asked
     for `text`) gives no floor to replay, nor one that does not answer at all."""
