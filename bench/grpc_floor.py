@@ -43,6 +43,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,13 @@ def serve_replay(answer_file: Path, port: int) -> None:
     # Where our server answers the model's unary calls, the floor answers them too: in the polling thread for an
     # inline model (`servers.answered_in_polling_thread`), else in a pool thread.
     here = not answer.get("stream") and servers.answered_in_polling_thread(servers.WORKLOAD_MODEL[answer["workload"]])
-    pool = WarmPool(Settings().grpc_threads, "floor", runs_here=lambda behavior, request: here)
+
+    def answers_here(behavior: Any, request: Any, metadata: Any, respond: Callable[..., None]) -> bool:
+        if here:
+            respond()
+        return here
+
+    pool = WarmPool(Settings().grpc_threads, "floor", answers_here=answers_here)
     server = grpc.server(pool, options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
     server.add_insecure_port(f"127.0.0.1:{port}")

@@ -65,8 +65,10 @@ def serves(name: str, workload: str) -> bool:
 def answered_in_polling_thread(model: str) -> bool:
     """Whether our server answers a unary call to `model` (of OIPGEN_MODELS) in grpcio's polling thread rather than
     a pool thread: its class declares `inline` and a plain `infer`, and neither it nor its model.toml asks for
-    dynamic batching or decoupled answers (what `Plan.inline` reads of the loaded model). The gRPC floor replays
-    such a model's answer the same way (bench/grpc_floor.py). Imports the model's module: needs our package."""
+    decoupled answers (what `Plan.inline` and `Plan.batches_on_arrival` read of the loaded model: under dynamic
+    batching the polling thread runs the batches its arrivals fill, the batcher's timer those whose delay ran out).
+    The gRPC floor replays such a model's answer the same way (bench/grpc_floor.py). Imports the model's module:
+    needs our package."""
     import importlib.util
     import inspect
     import tomllib
@@ -80,9 +82,8 @@ def answered_in_polling_thread(model: str) -> bool:
     spec.loader.exec_module(module)
     cls = getattr(module, class_name)
     plain = not (inspect.iscoroutinefunction(cls.infer) or inspect.isasyncgenfunction(cls.infer))
-    batching = "dynamic_batching" in config or getattr(cls, "dynamic_batching", None) is not None
     decoupled = config.get("decoupled", False) or getattr(cls, "decoupled", False)
-    return bool(getattr(cls, "inline", False)) and plain and not batching and not decoupled
+    return bool(getattr(cls, "inline", False)) and plain and not decoupled
 SERVERS = ("oipgen", "triton", "mlserver", "kserve")
 REFERENCE = "triton"  # the report's first table is every server's ratios against this one
 LABELS = {"oipgen": "oipgen", "triton": "Triton 2.51", "mlserver": "MLServer 1.7.1", "kserve": "KServe 0.21.0",

@@ -120,13 +120,14 @@ def test_a_floor_replays_our_answer_as_it_was_sent(ours: servers.Running, worklo
     assert result["server_cpu_us_per_infer"] is not None and result["server_cpu_us_per_infer"] > 0, result
 
 
-@pytest.mark.parametrize(("workload", "in_polling_thread"), [("text_grpc", True), ("batched_grpc", False)])
-def test_a_grpc_floor_answers_where_our_server_does(ours: servers.Running, workload: str, in_polling_thread: bool,
-                                                     tmp_path: Path) -> None:
-    """Our server answers a unary call to an inline model in grpcio's polling thread, and a call to a dynamically
-    batched one in a pool thread: so does the floor replaying its answer (an answer in the polling thread starts no
-    thread in the floor's process)."""
-    assert servers.answered_in_polling_thread(servers.WORKLOAD_MODEL[workload]) is in_polling_thread
+@pytest.mark.parametrize("workload", ["text_grpc", "batched_grpc"])
+def test_a_grpc_floor_answers_where_our_server_does(ours: servers.Running, workload: str, tmp_path: Path) -> None:
+    """Our server answers a unary call to an inline model in grpcio's polling thread, dynamically batched or not
+    (any other model's in a pool thread: `text_tokens`, not inline): so does the floor replaying its answer (an
+    answer in the polling thread starts no thread in the floor's process)."""
+    assert not servers.answered_in_polling_thread("text_tokens")
+    in_polling_thread = servers.answered_in_polling_thread(servers.WORKLOAD_MODEL[workload])
+    assert in_polling_thread
     answer = tmp_path / "answer.json"
     servers.record_answer(ours, workload, 1000, answer)
     floor = servers.start_floor(answer, tmp_path)

@@ -183,8 +183,10 @@ class Model:
     A plain `infer` runs in a worker thread, so that it never holds up the server. A model whose plain `infer` is
     quick (microseconds) and never blocks can set `inline = True`: it is then called on the thread that has the
     request, the event loop for REST and streams, grpcio's polling thread for unary gRPC inference (no pool thread,
-    no worker slot), which saves the hops to other threads (about 50 us of CPU per request here). While it runs,
-    that thread serves nothing else: a slow inline model holds up every other request of its transport.
+    no worker slot), which saves the hops to other threads (about 50 us of CPU per request here); under dynamic
+    batching, on the thread that completes a batch (or the batcher's timer thread, once a batch's delay ran out).
+    While it runs, that thread serves nothing else: a slow inline model holds up every other request of its
+    transport.
     """
 
     name: str = ""

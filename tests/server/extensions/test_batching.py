@@ -34,7 +34,7 @@ from oip.server import (
     Tensor,
     TensorSpec,
 )
-from oip.server.core.batching import ThreadBatcher
+from oip.server.core.thread_batching import ArrivalBatcher, ThreadBatcher
 from oip.server.errors import ErrorKind
 from oip.server.model import DynamicBatching
 from serving import TIMEOUT, Server, assert_error_body
@@ -293,6 +293,78 @@ def test_thread_queue_is_woken_by_the_arrival_that_makes_its_batch_due(preferred
     assert ran == calls
     for i, (share, *_) in shares.items():
         assert share[0]["OUT"].tolist() == [[i + 1, i + 1]]
+
+
+class _Arrivals:
+    """An `ArrivalBatcher` over a `Recorder`, as the gRPC polling thread uses it: each request added with what to
+    call with its share; the runs (rows, thread) and the answers (by request) recorded."""
+
+    def __init__(self, delay_us: int, preferred: tuple[int, ...] = ()) -> None:
+        self.model = Recorder(delay_us=delay_us, preferred=preferred)
+        self.batcher = ArrivalBatcher()
+        self.ran: list[tuple[int, str]] = []
+        self.answers: dict[int, Any] = {}
+        self.answered = threading.Semaphore(0)
+
+    def run(self, _: Any, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
+        self.ran.append((int(inputs["IN"].shape[0]), threading.current_thread().name))
+        if parameters.get("fail"):
+            raise RuntimeError("asked to fail")
+        return {"OUT": inputs["IN"] + 1}, 0, 0
+
+    def add(self, i: int, width: int = 2, raising: bool = False, **parameters: Any) -> None:
+        """Request `i` (its rows all `i`); `raising`: its answer raises once recorded."""
+        def done(share: Any, error: BaseException | None) -> None:
+            self.answers[i] = error if share is None else share[0][0]["OUT"].tolist()
+            self.answered.release()
+            if raising:
+                raise RuntimeError("a broken answer")
+
+        self.batcher.add(self.model, {"IN": np.full((1, width), i, dtype=np.int64)}, parameters, self.run, done)
+
+    def wait(self, count: int) -> None:
+        for _ in range(count):
+            assert self.answered.acquire(timeout=TIMEOUT), f"unanswered: {self.answers}"
+
+
+def test_arrival_queue_runs_the_batch_an_arrival_completes_in_that_thread() -> None:
+    """Seven requests wait (the delay is an hour); the eighth fills the batch and runs it at once, in the thread
+    that added it, each request handed its own rows (the first one's answer raises: the others are answered)."""
+    arrivals = _Arrivals(delay_us=3_600_000_000)
+    for i in range(7):
+        arrivals.add(i, raising=i == 0)
+    assert arrivals.ran == [] and arrivals.answers == {}
+    arrivals.add(7)
+    assert arrivals.ran == [(8, threading.current_thread().name)]
+    assert arrivals.answers == {i: [[i + 1, i + 1]] for i in range(8)}
+
+
+def test_arrival_queue_closes_a_preferred_size_and_separates_shapes() -> None:
+    arrivals = _Arrivals(delay_us=3_600_000_000, preferred=(2,))
+    arrivals.add(0)
+    arrivals.add(1, width=3)  # another shape: a batch of its own
+    assert arrivals.ran == []
+    arrivals.add(2)  # makes the preferred size of the first shape
+    assert [rows for rows, _ in arrivals.ran] == [2] and sorted(arrivals.answers) == [0, 2]
+    arrivals.add(3, width=3)
+    assert [rows for rows, _ in arrivals.ran] == [2, 2] and arrivals.answers[3] == [[4, 4, 4]]
+
+
+def test_arrival_queue_leaves_a_due_batch_to_its_timer_and_answers_every_request() -> None:
+    """With a delay of 1 ms nothing completes a batch: the timer thread runs each one; a failing batch hands each
+    of its requests the error, and the timer goes on after an answer that raises."""
+    arrivals = _Arrivals(delay_us=1_000)
+    arrivals.add(0)
+    arrivals.wait(1)
+    assert arrivals.ran == [(1, "oip-batch-timer")] and arrivals.answers == {0: [[1, 1]]}
+    arrivals.add(1, raising=True, fail=True)
+    arrivals.add(2, raising=True, fail=True)
+    arrivals.wait(2)
+    assert all(isinstance(arrivals.answers[i], RuntimeError) for i in (1, 2)), arrivals.answers
+    arrivals.add(3)
+    arrivals.wait(1)
+    assert arrivals.answers[3] == [[4, 4]]
+    assert {thread for _, thread in arrivals.ran} == {"oip-batch-timer"}
 
 
 @pytest.mark.anyio

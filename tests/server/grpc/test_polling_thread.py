@@ -1,5 +1,5 @@
 """A unary ModelInfer call to a model declared quick and never blocking (`Model.inline`) is answered by grpcio's
-polling thread as soon as its request is in (`oip.server.grpc.pool.WarmPool`, `runs_here`): no pool thread, no
+polling thread as soon as its request is in (`oip.server.grpc.pool.WarmPool`, `answers_here`): no pool thread, no
 model slot. Any other model's call goes to a pool thread as before. So an inline model is answered while every
 pool thread and every model slot is held by another model's call.
 

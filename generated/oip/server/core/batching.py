@@ -19,9 +19,11 @@ order, one at a time per model version, as Triton's dynamic batcher does with on
 - the inputs are concatenated on the first axis (numpy), the model runs once, and every output is split back on
   the first axis by each request's row count (views, no copies).
 - requests on the event loop batch there (`Batcher`); requests that wait in threads of their own (the gRPC
-  threads' lean way, for a plain `infer`) batch among themselves in those threads (`ThreadBatcher`), by the same
-  rules. An output whose first dimension is not the batch's row count fails every request of the batch (model
-  failure), as does an exception in the model.
+  threads' lean way, for a plain `infer`) batch among themselves in those threads (`ThreadBatcher`); requests no
+  thread waits for (gRPC calls to an inline model, answered by the polling thread their request arrived on) batch
+  where they arrive (`ArrivalBatcher`), by the same rules (those two: `thread_batching`). An output whose first
+  dimension is not the batch's row count fails every request of the batch (model failure), as does an exception
+  in the model.
 
 Each request then goes on through the data plane like any other: its requested outputs, their order and their
 parameters (shared memory, classification, binary data) apply to its own rows. Each model call is reported as one
@@ -31,7 +33,6 @@ execution (with the batch size, `observe.events.ExecutionRecord`); each request 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
@@ -46,9 +47,8 @@ from ..errors import ModelFailure
 from ..model import Model
 from ..observe.events import ExecutionRecord
 
-__all__ = ["Batcher", "Report", "RunInThread", "RunModel", "ThreadBatcher", "batch_key", "batch_rows", "is_batching"]
-
-log = logging.getLogger(__name__)
+__all__ = ["Arrays", "BatchResult", "Batcher", "Done", "Entry", "Report", "RunModel", "Share", "Watch", "batch_key",
+           "batch_rows", "form_batch", "is_batching", "merge_inputs", "new_entry", "split_result", "take_batch"]
 
 Arrays = dict[str, npt.NDArray[Any]]
 BatchResult = tuple[dict[str, Any], dict[str, Any]]  # (outputs of one request, response parameters)
@@ -60,6 +60,8 @@ RunModel = Callable[[Model, Arrays, dict[str, Any]], Awaitable[tuple[Any, int, i
 """How the batcher calls the model (`Pipeline.run`): the result, and when the call started and ended."""
 Report = Callable[[ExecutionRecord], None]
 """Where the batcher reports each model run (`Pipeline` passes it to the observers)."""
+Done = Callable[[Share | None, BaseException | None], None]
+"""What `thread_batching.ArrivalBatcher` calls with a request's share of its batch, or the error that failed it."""
 
 
 def is_batching(model: Model) -> bool:
@@ -94,16 +96,18 @@ def batch_key(inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, A
 
 
 @dataclass(slots=True, eq=False)
-class _Entry:
+class Entry:
     inputs: Arrays
     parameters: dict[str, Any]
     rows: int
     key: Hashable
     arrived: int
     # Awaited on the loop (`Batcher`); None for a request waiting in a thread (`ThreadBatcher`), which is handed its
-    # `share` or `error` and woken (`wake` released), or woken to lead the next batch (`lead`)
+    # `share` or `error` and woken (`wake` released), or woken to lead the next batch (`lead`), and for one nobody
+    # waits for (`ArrivalBatcher`), whose `done` is called with its share or error
     future: asyncio.Future[Share] | None
     wake: threading.Lock | None = None
+    done: Done | None = None
     share: Share | None = None
     error: BaseException | None = None
     lead: bool = False
@@ -116,9 +120,9 @@ class _Entry:
         return not future.done()
 
 
-def _entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Share] | None) -> _Entry:
+def new_entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Share] | None) -> Entry:
     rows = batch_rows(inputs)
-    return _Entry(
+    return Entry(
         inputs=inputs,
         parameters=parameters,
         rows=rows if rows is not None else 0,
@@ -128,7 +132,7 @@ def _entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Sh
     )
 
 
-class _Watch:
+class Watch:
     """The batch a queue waits to fill: the key of the request at its head and the rows of that key pending. An
     arrival wakes the waiter only when it makes that batch due before its delay (full, or a preferred size), not
     on every arrival: waking to find the batch still short is the batcher's main cost under load."""
@@ -142,13 +146,13 @@ class _Watch:
         self.key: Hashable = None  # None: nothing waits
         self.rows = 0
 
-    def wait_for(self, pending: deque[_Entry]) -> None:
+    def wait_for(self, pending: deque[Entry]) -> None:
         """Watch the batch the head of `pending` forms (found not due yet)."""
         head = pending[0]
         self.key = head.key
         self.rows = sum(entry.rows for entry in pending if entry.key == head.key)
 
-    def completes(self, entry: _Entry) -> bool:
+    def completes(self, entry: Entry) -> bool:
         """Whether `entry`, just pending, makes the watched batch due."""
         if entry.key != self.key:
             return False
@@ -162,8 +166,8 @@ class _Queue:
 
     model: Model
     run: RunModel
-    watch: _Watch
-    pending: deque[_Entry] = field(default_factory=deque)
+    watch: Watch
+    pending: deque[Entry] = field(default_factory=deque)
     waiter: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
 
@@ -182,13 +186,13 @@ class Batcher:
         `time.perf_counter_ns`) its batch was formed, the model started and the model ended. `inputs` are
         validated arrays with the batch dimension first; `run` calls the model."""
         future: asyncio.Future[Share] = asyncio.get_running_loop().create_future()
-        self._enqueue(model, run, _entry(inputs, parameters, future))
+        self._enqueue(model, run, new_entry(inputs, parameters, future))
         return await future
 
-    def _enqueue(self, model: Model, run: RunModel, entry: _Entry) -> None:
+    def _enqueue(self, model: Model, run: RunModel, entry: Entry) -> None:
         queue = self._queues.get(id(model))
         if queue is None or queue.model is not model:
-            queue = self._queues[id(model)] = _Queue(model, run, _Watch(model))
+            queue = self._queues[id(model)] = _Queue(model, run, Watch(model))
         queue.pending.append(entry)
         if queue.task is None or queue.task.done():
             queue.task = asyncio.create_task(self._serve(queue), name=f"batcher {model.name} {model.version}")
@@ -206,7 +210,7 @@ class Batcher:
             if self._queues.get(id(queue.model)) is queue and not queue.pending:
                 del self._queues[id(queue.model)]
 
-    async def _next_batch(self, queue: _Queue) -> list[_Entry]:
+    async def _next_batch(self, queue: _Queue) -> list[Entry]:
         """The next batch, once it is due; empty when nothing is pending."""
         while True:
             while queue.pending and not queue.pending[0].waiting():  # cancelled while waiting
@@ -214,11 +218,11 @@ class Batcher:
             if not queue.pending:
                 return []
             now = time.perf_counter_ns()
-            batch, deadline = _form(queue.model, queue.pending, now)
+            batch, deadline = form_batch(queue.model, queue.pending, now)
             if batch:
-                _take(queue.pending, batch)
+                take_batch(queue.pending, batch)
                 return batch
-            # Sleep until the batch's delay is over or an arrival makes it due (`_Watch`).
+            # Sleep until the batch's delay is over or an arrival makes it due (`Watch`).
             loop = asyncio.get_running_loop()
             waiter = queue.waiter = loop.create_future()
             queue.watch.wait_for(queue.pending)
@@ -230,13 +234,13 @@ class Batcher:
                 queue.waiter = None
                 queue.watch.key = None
 
-    async def _run(self, queue: _Queue, batch: list[_Entry]) -> None:
+    async def _run(self, queue: _Queue, batch: list[Entry]) -> None:
         model = queue.model
         start = time.perf_counter_ns()
         try:
-            inputs, rows = _merge(batch)
+            inputs, rows = merge_inputs(batch)
             result, run_start, run_end = await queue.run(model, inputs, batch[0].parameters)
-            shares = _split(model, result, [entry.rows for entry in batch], rows if len(batch) > 1 else None)
+            shares = split_result(model, result, [entry.rows for entry in batch], rows if len(batch) > 1 else None)
             done = time.perf_counter_ns()
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else ModelFailure("the batch was cancelled")
@@ -260,112 +264,7 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-RunInThread = Callable[[Model, Arrays, dict[str, Any]], tuple[Any, int, int]]
-"""How `ThreadBatcher` calls a plain model in the calling thread: the result, and when the call started and ended."""
-
-
-class ThreadBatcher:
-    """The dynamic batching queues of plain models for requests that wait in threads of their own (the gRPC threads'
-    lean way), with `Batcher`'s rules, formed by the waiting threads themselves: the request at the head of a
-    model's queue leads, waits until its batch is due (`_form`), runs the model for the whole batch in its own
-    thread (`run`), hands every other request of the batch its share and the lead to the next request waiting, and
-    returns its own share. One batch of a model runs at a time, as on the loop; no thread waits on the event loop.
-    Requests of each way batch among themselves (the loop's `Batcher` and this one are two queues of a model)."""
-
-    def __init__(self, report: Report | None = None) -> None:
-        self._queues: dict[int, _ThreadQueue] = {}
-        self._lock = threading.Lock()
-        self._report = report
-
-    def infer(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread) -> Share:
-        """This request's share of a batched call and its moments, as `Batcher.infer` gives them."""
-        entry = _entry(inputs, parameters, None)
-        entry.wake = threading.Lock()
-        entry.wake.acquire()
-        queue = self._queues.get(id(model))
-        if queue is None or queue.model is not model:
-            with self._lock:
-                queue = self._queues.get(id(model))
-                if queue is None or queue.model is not model:
-                    queue = self._queues[id(model)] = _ThreadQueue(model)
-        with queue.lock:
-            queue.pending.append(entry)
-            if not queue.leading:
-                queue.leading = entry.lead = True
-            elif queue.waiter is not None and queue.watch.completes(entry):
-                queue.waiter.release()  # the leader waits for its batch to be due, and this one makes it so
-                queue.waiter = None
-        if not entry.lead:
-            entry.wake.acquire()  # woken with its share, or to lead
-        if entry.lead:
-            self._lead(queue, entry, run)
-        if entry.error is not None:
-            raise entry.error
-        assert entry.share is not None
-        return entry.share
-
-    def _lead(self, queue: _ThreadQueue, leader: _Entry, run: RunInThread) -> None:
-        """Form the batch the head of the queue (this thread's request, `leader`) leads, run it, hand the lead on.
-        While the batch is not due the leader sleeps on its own lock (held: taken when it was made, and again when
-        it was woken to lead), which an arrival making the batch due releases, or until the batch's delay is over."""
-        model = queue.model
-        wake = leader.wake
-        assert wake is not None
-        while True:
-            with queue.lock:
-                queue.waiter = None
-                queue.watch.key = None
-                now = time.perf_counter_ns()
-                batch, deadline = _form(model, queue.pending, now)
-                if batch:
-                    _take(queue.pending, batch)
-                    break
-                queue.watch.wait_for(queue.pending)
-                queue.waiter = wake
-            wake.acquire(timeout=(deadline - now) / 1e9)
-        try:
-            start = time.perf_counter_ns()
-            inputs, rows = _merge(batch)
-            result, run_start, run_end = run(model, inputs, batch[0].parameters)
-            shares = _split(model, result, [entry.rows for entry in batch], rows if len(batch) > 1 else None)
-            if self._report is not None:
-                self._report(ExecutionRecord(model.name, model.version, rows, run_start - start, run_end - run_start,
-                                             time.perf_counter_ns() - run_end))
-            for entry, share in zip(batch, shares, strict=True):
-                entry.share = (share, start, run_start, run_end)
-        except Exception as exc:
-            for entry in batch:
-                entry.error = exc
-        finally:
-            for entry in batch:
-                if entry.share is None and entry.error is None:  # not an Exception: still an answer for each
-                    entry.error = ModelFailure("the batch was not run")
-                if not entry.lead and entry.wake is not None:
-                    entry.wake.release()
-            with queue.lock:
-                following = queue.pending[0] if queue.pending else None
-                if following is None:
-                    queue.leading = False
-                else:
-                    following.lead = True
-            if following is not None and following.wake is not None:
-                following.wake.release()
-
-
-class _ThreadQueue:
-    """The pending requests of one model version for `ThreadBatcher`, under `lock`; `waiter`: the lock a leader
-    sleeps on until its batch is due, released by the arrival that makes it so (`_Watch`)."""
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self.watch = _Watch(model)
-        self.lock = threading.Lock()
-        self.waiter: threading.Lock | None = None
-        self.pending: deque[_Entry] = deque()
-        self.leading = False  # a request leads the next batch (one always does while any is pending)
-
-
-def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry], int]:
+def form_batch(model: Model, pending: deque[Entry], now: int) -> tuple[list[Entry], int]:
     """The batch the head of `pending` forms at `now` (see the module's description) and 0, once it is due; before
     that, no batch and the moment it will be due at the latest (`pending` holds only requests still waiting)."""
     settings = model.dynamic_batching
@@ -373,7 +272,7 @@ def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry],
     preferred = settings.preferred_batch_size if settings is not None else ()
     limit = model.max_batch_size
     head = pending[0]
-    batch: list[_Entry] = []
+    batch: list[Entry] = []
     rows = 0
     full = False  # holds max_batch_size rows, or the next request that could join does not fit
     best = 0  # the longest prefix of `batch` whose rows are a preferred batch size
@@ -396,7 +295,7 @@ def _form(model: Model, pending: deque[_Entry], now: int) -> tuple[list[_Entry],
     return [], deadline
 
 
-def _take(pending: deque[_Entry], batch: list[_Entry]) -> None:
+def take_batch(pending: deque[Entry], batch: list[Entry]) -> None:
     """Remove `batch`, formed from `pending`, from it. Under load the batch is the head of the queue, taken off one
     by one; otherwise the queue is rebuilt without it, and without the requests no longer waiting."""
     for entry in batch:
@@ -411,7 +310,7 @@ def _take(pending: deque[_Entry], batch: list[_Entry]) -> None:
     pending.extend(kept)
 
 
-def _merge(batch: list[_Entry]) -> tuple[Arrays, int]:
+def merge_inputs(batch: list[Entry]) -> tuple[Arrays, int]:
     """The inputs of a batch's requests concatenated on the first axis, and its rows."""
     rows = sum(entry.rows for entry in batch)
     if len(batch) == 1:
@@ -419,7 +318,7 @@ def _merge(batch: list[_Entry]) -> tuple[Arrays, int]:
     return {name: np.concatenate([entry.inputs[name] for entry in batch], axis=0) for name in batch[0].inputs}, rows
 
 
-def _split(model: Model, result: Any, sizes: list[int], rows: int | None) -> list[BatchResult]:
+def split_result(model: Model, result: Any, sizes: list[int], rows: int | None) -> list[BatchResult]:
     """Each request's share of a batch's result; with `rows` None (a batch of one) the result itself."""
     outputs: Any = result
     parameters: Any = {}

@@ -42,9 +42,10 @@ from ..model import Model, TensorSpec
 from ..observe.events import Observers, Timer
 from ..types import InferRequest, InferResponse, Tensor
 from .accounting import Inference
-from .batching import Batcher, ThreadBatcher, batch_rows, is_batching
+from .batching import Batcher, Share, batch_rows, is_batching
 from .invoke import Slots, call_in_thread, is_plain
 from .repository import ModelRepository
+from .thread_batching import ArrivalBatcher, ThreadBatcher
 from .validation import check_request_parameters, declared_shape, shape_fits, tensor_elements
 
 PARAMETERS: Final = "parameters"  # the extension request parameters need to reach the model (`pipeline.PARAMETERS`)
@@ -121,6 +122,9 @@ class Plan:
         # Quick and never blocking (`Model.inline`), run alone: called wherever its request is, at once, without
         # a worker slot, as on the event loop (the gRPC polling thread answers such calls itself: it may not wait)
         self.inline = self.plain and not self.batching and model.inline
+        # Quick and never blocking, under dynamic batching: batched where its requests arrive, by whichever thread
+        # has them, none waiting (`thread_batching.ArrivalBatcher`; the gRPC polling thread's calls)
+        self.batches_on_arrival = self.plain and self.batching and model.inline
         self.inputs = {spec.name: InputPlan(i, model, spec, limit) for i, spec in enumerate(model.inputs)}
         self.names = [spec.name for spec in model.inputs]
         self.outputs = {spec.name: spec for spec in model.outputs}
@@ -190,12 +194,12 @@ outputs wanted, the result, the batch size."""
 
 class Lean:
     """The lean way over a data plane's parts (see the module's description): its repository and observers, the
-    tensor element limit, the extensions served, the model slots, both batchers, and what runs the model on the
+    tensor element limit, the extensions served, the model slots, its three batchers, and what runs the model on the
     loop and what finishes a response the general way (the pipeline's, handed over by it)."""
 
     def __init__(self, repository: ModelRepository, observers: Observers, limit: int, enabled: Sequence[str],
-                 slots: Slots, batcher: Batcher, thread_batcher: ThreadBatcher, run: RunOnLoop,
-                 finish: Finish) -> None:
+                 slots: Slots, batcher: Batcher, thread_batcher: ThreadBatcher, arrival_batcher: ArrivalBatcher,
+                 run: RunOnLoop, finish: Finish) -> None:
         self.repository = repository
         self.observers = observers
         self.limit = limit
@@ -203,6 +207,7 @@ class Lean:
         self.slots = slots
         self.batcher = batcher
         self.thread_batcher = thread_batcher
+        self.arrival_batcher = arrival_batcher
         self.run = run
         self.general_finish = finish
         self._plans: dict[tuple[str, str], tuple[Model, Plan | None]] = {}  # by the request's name and version
@@ -251,7 +256,7 @@ class Lean:
     def run_in_thread(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
                       batch_size: int) -> Any:
         """Run a plain `infer` in this thread (not the event loop's), in one of the model slots: alone, or under
-        dynamic batching in a batch formed by the threads waiting for it (`batching.ThreadBatcher`); what it
+        dynamic batching in a batch formed by the threads waiting for it (`thread_batching.ThreadBatcher`); what it
         returned for this request."""
         run.queued = time.perf_counter_ns()
         run.batch_size = batch_size
@@ -271,6 +276,23 @@ class Lean:
             if slots is not None:
                 slots.give(None)
         return result
+
+    def join_batch(self, run: Inference, plan: Plan, arrays: dict[str, Any], parameters: dict[str, Any],
+                   batch_size: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue a request to a model that `batches_on_arrival` and return at once: `done` is called with what
+        the model returned for it, or the error that failed its batch, by the thread that runs the batch (this one,
+        if it is due now; `thread_batching.ArrivalBatcher`). `run` stays open until `done` closes it."""
+        run.queued = time.perf_counter_ns()
+        run.batch_size, run.alone = batch_size, False
+
+        def ran(share: Share | None, error: BaseException | None) -> None:
+            if share is None:
+                done(None, error)
+                return
+            result, run.formed, run.started, run.ended = share
+            done(_result(result), None)
+
+        self.arrival_batcher.add(run.model, arrays, parameters, _call_inline, ran)
 
     def _call(self, model: Model, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
         """A batch's model call in this thread, in one of the model slots: the result, when it started and ended."""
@@ -374,6 +396,13 @@ class Lean:
         with self.inference(plan, request.id, request.trace, request.transport, start) as run:
             result = self.run_in_thread(run, plan, arrays, parameters, batch_size)
             return self.response(plan, request.id, arrays, wanted, result, batch_size)
+
+
+def _call_inline(model: Model, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
+    """A batch's call of an inline model in this thread, without a model slot (it never waits for one, as on the
+    event loop): the result, when it started and ended."""
+    started = time.perf_counter_ns()
+    return call_in_thread(model, inputs, parameters), started, time.perf_counter_ns()
 
 
 def _result(share: tuple[dict[str, Any], dict[str, Any]]) -> Any:

@@ -47,13 +47,14 @@ from ..observe.events import COMPUTE_INFER, COMPUTE_INPUT, COMPUTE_OUTPUT, QUEUE
 from ..settings import Settings
 from ..types import InferRequest, InferResponse, Tensor
 from .accounting import Inference
-from .batching import Batcher, ThreadBatcher, is_batching
+from .batching import Batcher, is_batching
 from .classification import CLASSIFICATION, check_classification, classify
 from .invoke import Slots, call_in_thread, is_plain, model_error, runs_alone
 from .lean import PARAMETERS, Lean
 from .repository import ModelRepository
 from .shared_memory import REGION, Placement, Region, SharedMemory, placement_of
 from .streaming import EMPTY_FINAL, FINAL, Answer, final_response, serve_stream
+from .thread_batching import ArrivalBatcher, ThreadBatcher
 from .validation import (
     check_inputs,
     check_output,
@@ -104,11 +105,13 @@ class Pipeline:
         self.observers = observers
         self.batcher = Batcher(observers.execution_finished)
         self.thread_batcher = ThreadBatcher(observers.execution_finished)  # the gRPC threads' lean way's batches
+        self.arrival_batcher = ArrivalBatcher(observers.execution_finished)  # an inline model's, on arrival
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
         self.model_slots = Slots(max(1, settings.model_threads))
         # The common request, with only the work it needs
         self.lean = Lean(repository, observers, settings.max_tensor_elements, enabled, self.model_slots,
-                         self.batcher, self.thread_batcher, self.run, self.finish_result)
+                         self.batcher, self.thread_batcher, self.arrival_batcher, self.run,
+                         self.finish_result)
 
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 

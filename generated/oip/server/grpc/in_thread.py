@@ -15,7 +15,9 @@ and errors, doing only what that request needs). Here that is:
   general way's to refuse); no input or output parameters (shared memory, classification); request parameters
   as the general way reads them (`Lean.parameters`);
 - the model: ready, not decoupled, its `infer` a plain method; a model under dynamic batching runs in a batch
-  formed by the gRPC threads waiting for it (`batching.ThreadBatcher`), never waiting on the event loop.
+  formed by the gRPC threads waiting for it (`thread_batching.ThreadBatcher`), never waiting on the event loop;
+  an inline one's call is queued in its batch by the polling thread and answered by the thread that runs it
+  (`UnaryInfer.arrive`, `thread_batching.ArrivalBatcher`).
 
 Any other request takes the general way (`__call__` returns None before anything happened), which answers it or
 refuses it with the usual error. Raw inputs are numpy views of the received bytes (read-only, as on the general
@@ -44,9 +46,9 @@ from ..observe.tracing import carrier
 from ..settings import Settings
 from ..types import InferResponse
 from .infer_codec import InferCodec, InferWire, Malformed, message_size
-from .servicer import Observe, metadata, status
+from .servicer import Observe, metadata, metadata_of, status
 
-__all__ = ["NOT_HERE", "InThread", "UnaryInfer", "in_thread"]
+__all__ = ["NOT_HERE", "InThread", "Respond", "UnaryInfer", "in_thread"]
 
 NOT_HERE: Final = object()
 """What the thread's handler returns when the call must take the event loop's way."""
@@ -104,8 +106,59 @@ class UnaryInfer:
         start = time.perf_counter_ns()
         lean = self.lean
         plan = lean.plan(message.model_name, message.model_version)
-        if plan is None or not plan.plain:
+        read = self._read(plan, message, raw) if plan is not None and plan.plain else None
+        if plan is None or read is None:
             return None
+        parameters, arrays, batch_size, wanted = read
+        request_id = message.id
+        with lean.inference(plan, request_id, trace, "grpc", start) as run:
+            result = lean.run_in_thread(run, plan, arrays, parameters, batch_size)
+            return self._reply(plan, request_id, arrays, wanted, result, batch_size)
+
+    def arrive(self, message: Any, trace: dict[str, str] | None, raw: Sequence[Any] | None,
+               answer: Callable[[Any, Exception | None], None]) -> bool:
+        """For a request to a model that batches where its requests arrive (`Plan.batches_on_arrival`), read on
+        the lean way: queue it in its model's batch and return True at once; `answer` is called with its reply (or
+        the error, counted already) by the thread that runs the batch (`Lean.join_batch`). False for any other
+        request (nothing happened)."""
+        start = time.perf_counter_ns()
+        lean = self.lean
+        plan = lean.plan(message.model_name, message.model_version)
+        read = self._read(plan, message, raw) if plan is not None and plan.batches_on_arrival else None
+        if plan is None or read is None:
+            return False
+        parameters, arrays, batch_size, wanted = read
+        request_id = message.id
+        run = lean.inference(plan, request_id, trace, "grpc", start)
+        unanswered = [run]  # popped (atomically) by the one answer
+
+        def done(result: Any, error: BaseException | None) -> None:
+            try:
+                unanswered.pop()
+            except IndexError:
+                return
+            try:
+                if error is not None:
+                    raise error
+                reply = self._reply(plan, request_id, arrays, wanted, result, batch_size)
+            except Exception as exc:
+                run.__exit__(type(exc), exc, exc.__traceback__)  # the request's record, as leaving `with` makes it
+                answer(None, exc)
+            else:
+                run.__exit__(None, None, None)
+                answer(reply, None)
+
+        try:
+            lean.join_batch(run, plan, arrays, parameters, batch_size, done)
+        except Exception as exc:  # not queued (no thread for the timer, say): answered with the error here
+            done(None, exc)
+        return True
+
+    def _read(self, plan: Plan, message: Any, raw: Sequence[Any] | None) -> tuple[
+            dict[str, Any], dict[str, Any], int, list[TensorSpec]] | None:
+        """The parameters the model sees, the arrays by input name, the batch size and the outputs wanted of a
+        common request; None for any other (the general way's)."""
+        lean = self.lean
         parameters = lean.parameters(self.params(message.parameters)) if message.parameters else {}
         if parameters is None:
             return None
@@ -116,12 +169,7 @@ class UnaryInfer:
         if batch_size is None:
             return None
         wanted = self._outputs(plan, message)
-        if wanted is None:
-            return None
-        request_id = message.id
-        with lean.inference(plan, request_id, trace, "grpc", start) as run:
-            result = lean.run_in_thread(run, plan, arrays, parameters, batch_size)
-            return self._reply(plan, request_id, arrays, wanted, result, batch_size)
+        return None if wanted is None else (parameters, arrays, batch_size, wanted)
 
     @staticmethod
     def _inputs(plan: Plan, message: Any, raw: Sequence[Any], limit: int) -> dict[str, Any] | None:
@@ -210,13 +258,19 @@ def _params(entries: Any) -> dict[str, Any]:
     return convert.params_from_proto(pb.InferParameter.DESCRIPTOR.full_name, entries)
 
 
+Respond = Callable[..., None]
+"""Answers a call in the calling thread: `respond()` by its own handler, `respond(behavior)` by another (a gRPC
+behaviour: request and context in, the reply out), as `WarmPool` gives it."""
+
+
 @dataclass(frozen=True, slots=True)
 class InThread:
-    """The gRPC thread's handler of unary inference (`in_thread`), and whether a call can be answered at once by
-    the thread its request arrives on (`runs_here`: grpcio's polling thread then answers it itself, `WarmPool`)."""
+    """The gRPC thread's handler of unary inference (`in_thread`), and what answers a call without a pool thread
+    (`answers_here`: given the arrived request, the call's metadata and `Respond`, it answers the call at once or
+    once its batch has run, and says True; False: the call goes to a pool thread, `WarmPool`)."""
 
     handle: Callable[[Any, grpc.ServicerContext], Any]
-    runs_here: Callable[[Any], bool]
+    answers_here: Callable[[Any, Sequence[tuple[str, Any]], Respond], bool]
 
     def __call__(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.handle(request, context)
@@ -273,13 +327,34 @@ def in_thread(
             if observe is not None:
                 observe(rpc, code, start, request, sent)
 
-    def runs_here(request: Any) -> bool:
-        """Whether the call of this (deserialized) request never waits: a request to an inline model that runs
-        alone (`Pipeline.runs_inline`). Anything else (a malformed request, any other model) may wait."""
-        message = request.message if type(request) is InferWire else request
+    def answers_here(request: Any, pairs: Sequence[tuple[str, Any]], respond: Respond) -> bool:
+        """Answer a call whose request has just arrived, where it is, when that never waits: a request to an inline
+        model that runs alone at once (`Pipeline.runs_inline`), one to an inline model that batches once its batch
+        has run (`UnaryInfer.arrive`). Anything else (a malformed request, any other model) may wait: False."""
+        wire = request if type(request) is InferWire else None
+        message = wire.message if wire is not None else request
         if type(message) is not request_type:
             return False
         named: Any = message  # an inference request message (the codec's type)
-        return pipeline.runs_inline(named.model_name, named.model_version)
+        if pipeline.runs_inline(named.model_name, named.model_version):
+            respond()
+            return True
+        start = time.perf_counter_ns()
+        trace = carrier(metadata_of(pairs).get) if tracing else None
 
-    return InThread(infer_in_thread, runs_here)
+        def answer(reply: Any, error: Exception | None) -> None:
+            def behavior(request: Any, context: grpc.ServicerContext) -> Any:
+                if error is not None:
+                    status_code, details = status(error)
+                    if observe is not None:
+                        observe(rpc, str(status_code.name), start, request, 0)
+                    context.abort(status_code, details)
+                if observe is not None:
+                    observe(rpc, "OK", start, request, message_size(reply))
+                return reply
+
+            respond(behavior)
+
+        return lean.arrive(named, trace, wire.raw if wire is not None else None, answer)
+
+    return InThread(infer_in_thread, answers_here)

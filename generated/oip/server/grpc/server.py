@@ -11,7 +11,9 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
 - in the thread: unary ModelInfer on a model that allows it (`Pipeline.runs_in_thread`: a plain `infer`, no
   dynamic batching, not decoupled) is decoded, run through the data plane's pipeline and encoded in the gRPC
   thread, never touching the event loop (`in_thread`); so is the common request to a plain model under dynamic
-  batching, whose batch the waiting gRPC threads form (the lean way, `core.lean`);
+  batching, whose batch the waiting gRPC threads form (the lean way, `core.lean`); a call to an inline model
+  (`Model.inline`: quick, never blocking) takes no thread of the pool: grpcio's polling thread answers it as its
+  request arrives, or queues it in its batch and the thread that runs the batch answers it (`pool.WarmPool`);
 - on the loop: every other call runs the servicer's coroutine (`service.Servicer`: the same code, the same
   errors) on the event loop, and the thread waits for it. Request streams are read by a thread of their own and
   handed to the coroutine; its responses come back to the gRPC thread through a bounded queue (a slow reader
@@ -274,7 +276,7 @@ def threaded_server(
 ) -> grpc.Server:
     """A synchronous server of `service` whose calls run `handlers` (grpc.aio behaviours: coroutines, async
     generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread (the
-    polling thread itself, for a call whose request `runs_here`: it never waits); with `scheduling` "batch", its
+    polling thread itself, for a call it `answers_here`: one that never waits); with `scheduling` "batch", its
     threads run under SCHED_BATCH (`_batch_scheduling`); ValueError for a policy that is neither "batch" nor
     "normal"."""
     if scheduling not in GRPC_THREAD_SCHEDULING:
@@ -282,7 +284,7 @@ def threaded_server(
                          f"got {scheduling!r}")
     bridge = _Bridge(loop)
     sync: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-    answers_here: dict[Any, Callable[[Any], bool]] = {}  # by unary handler: whether its call never waits
+    quick_ways: dict[Any, InThread] = {}  # by unary handler: what answers its call without a pool thread
     for name, handler in handlers.items():
         wire = {"request_deserializer": handler.request_deserializer,
                 "response_serializer": handler.response_serializer}
@@ -290,7 +292,7 @@ def threaded_server(
             quick = fast.get(name)
             handle = _unary_unary(bridge, handler.unary_unary, quick.handle if quick is not None else None)
             if quick is not None:
-                answers_here[handle] = quick.runs_here
+                quick_ways[handle] = quick
             sync[name] = grpc.unary_unary_rpc_method_handler(handle, **wire)
         elif handler.unary_stream is not None:
             sync[name] = grpc.unary_stream_rpc_method_handler(_unary_stream(bridge, handler.unary_stream), **wire)
@@ -300,11 +302,11 @@ def threaded_server(
             sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream), **wire)
     initializer = _batch_scheduling if scheduling == "batch" else None
 
-    def runs_here(behavior: Any, request: Any) -> bool:
-        test = answers_here.get(behavior)
-        return test is not None and test(request)
+    def answers_here(behavior: Any, request: Any, pairs: Any, respond: Callable[..., None]) -> bool:
+        quick = quick_ways.get(behavior)
+        return quick is not None and quick.answers_here(request, pairs, respond)
 
-    pool = WarmPool(threads, "oip-grpc", initializer, runs_here)
+    pool = WarmPool(threads, "oip-grpc", initializer, answers_here)
     server = grpc.server(pool, options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
     server.add_registered_method_handlers(service, sync)

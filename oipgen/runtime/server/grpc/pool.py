@@ -9,12 +9,14 @@ stay warm and the others sleep. What a call may do is unchanged: as many calls r
 threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order. A
 unary call is given to a thread only once its request has arrived (`arrival`).
 
-A unary call that the server says never waits (`runs_here`: inference on a model declared quick and never
-blocking, `Model.inline`) is not handed to a thread at all: grpcio's polling thread, which has just received its
-request, answers it there and then, as the event loop calls such a model for REST. Handing a small call to a
-thread costs a wake-up and the interpreter passed back and forth (at c=1 about seven voluntary and five
-involuntary context switches a call, against one and none answered here); a call that could wait there would
-hold up every other call's I/O, so only those are answered here.
+A unary call that the server can answer without waiting (`answers_here`: inference on a model declared quick and
+never blocking, `Model.inline`) is not handed to a thread at all: grpcio's polling thread, which has just received
+its request, answers it there and then, as the event loop calls such a model for REST, or, for a model that
+batches, queues it in its batch and goes on; whichever thread runs the batch then answers it (`respond`). Handing
+a small call to a thread costs a wake-up and the interpreter passed back and forth (at c=1 about seven voluntary
+and five involuntary context switches a call, against one and none answered here; a batched call waited twice,
+for its thread and for its batch); a call that could wait there would hold up every other call's I/O, so only
+those are answered here.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from typing import Any
 
 from . import arrival
 
-__all__ = ["WarmPool"]
+__all__ = ["AnswersHere", "WarmPool"]
 
 log = logging.getLogger(__name__)
 
 _Item = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+AnswersHere = Callable[[Any, Any, Any, Callable[..., None]], bool]
+"""Whether a unary call is answered without a pool thread, given its handler, its request, its invocation metadata
+and `respond` (answer it in the calling thread: now, or later from the thread that runs its batch)."""
 
 
 class _Worker:
@@ -52,7 +57,7 @@ class WarmPool:
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "",
                  initializer: Callable[[], None] | None = None,
-                 runs_here: Callable[[Any, Any], bool] | None = None) -> None:
+                 answers_here: AnswersHere | None = None) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._max = max_workers
@@ -65,9 +70,9 @@ class WarmPool:
         # Run by each thread as it starts, before its first call. One that raises is logged and the thread serves
         # anyway: the call it was started for must not be left unanswered.
         self._initializer = initializer
-        # Whether a unary call whose request has arrived never waits, by its handler and its request (see the
-        # module's description); asked in grpcio's polling thread.
-        self._runs_here = runs_here
+        # Answers a unary call whose request has arrived without a thread when it can (see the module's
+        # description); asked in grpcio's polling thread.
+        self._answers_here = answers_here
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -77,12 +82,19 @@ class WarmPool:
         return future
 
     def _arrived(self, item: _Item, request: Any) -> None:
-        """A unary call whose request has arrived (None: the client sent none): answered here, in the polling
-        thread, when it never waits; else handed to a thread."""
-        runs_here = self._runs_here
-        if runs_here is not None and request is not None and not self._closed and runs_here(item[2][3], request):
-            _run(item)
-            return
+        """A unary call whose request has arrived (None: the client sent none): answered without a thread when
+        `answers_here` takes it; else handed to a thread."""
+        answers_here = self._answers_here
+        if answers_here is not None and request is not None and not self._closed:
+            args = item[2]
+            event, behavior = args[1], args[3]
+
+            def respond(answer: Any = None) -> None:
+                """Answer the call in this thread: by its handler, or by `answer` (a behaviour of the same call)."""
+                _run(item if answer is None else (item[0], item[1], (*args[:3], answer, *args[4:]), item[3]))
+
+            if answers_here(behavior, request, event.invocation_metadata, respond):
+                return
         self._hand(item)
 
     def _hand(self, item: _Item) -> None:

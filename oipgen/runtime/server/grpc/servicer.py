@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, NoReturn, TypeAlias, TypeVar, cast
 
@@ -287,7 +287,12 @@ def _field_tag(message: type[Message], field: str) -> bytes:
 
 
 def metadata(context: Context) -> dict[str, str]:
-    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+    return metadata_of(context.invocation_metadata())
+
+
+def metadata_of(pairs: Iterable[tuple[str, Any]] | None) -> dict[str, str]:
+    """A call's text metadata by key (binary `-bin` values left out)."""
+    return {key: value for key, value in pairs or () if isinstance(value, str)}
 
 
 def _guard_unary_unary(method: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Awaitable[Any]]:
