@@ -9,6 +9,7 @@ negative input fails the batch.
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 import time
@@ -62,7 +63,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                                            f"[dynamic_batching]\nmax_queue_delay_microseconds = {delay}\n")
         (folder / "model.py").write_text(textwrap.dedent(MODEL))
     # One pool thread and one model slot: four calls batched in pool threads could never meet.
-    server = start_server(repository, workdir, "--grpc-threads", "1", "--model-threads", "1", ready=list(MODELS))
+    server = start_server(repository, workdir, "--grpc-threads", "1", "--model-threads", "1", "--access-log",
+                          "--log-format", "json", ready=list(MODELS))
     try:
         yield server
     finally:
@@ -185,3 +187,27 @@ def test_calls_batched_on_arrival_take_no_pool_thread(server: Server) -> None:
         assert list(pool.map(rest, [1, 2, 3])) == [[2], [3], [4]]
     caller.join(TIMEOUT)
     assert [answer[0] for answer in held] == [100], held
+
+
+def test_a_call_batched_where_it_arrived_leaves_nothing_current_for_the_next_calls(server: Server) -> None:
+    """What the polling thread does for a call it batches runs in the call's own context (grpcio's), not in the
+    polling thread's, which later calls' contexts are copied from: a call after it that fails in decoding, before
+    it is a request, logs no request id, not the batched call's."""
+    with server.channel() as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        assert _call(stub, "timed", 7) == (8, "oip-batch-timer", 1)
+        bad = pb.ModelInferRequest(model_name="timed", id="bad")
+        bad.inputs.add(name="IN", datatype="INT32", shape=[1, 1]).contents.int_contents[:] = [1, 2, 3]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(bad, timeout=TIMEOUT)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        lines = [json.loads(line) for line in server.log_text().splitlines() if line.startswith("{")]
+        access = [(line["status"], line.get("request_id")) for line in lines
+                  if line.get("logger") == "oip.access" and line.get("operation") == "ModelInfer"]
+        if access[-2:] == [("OK", "call-7"), ("INVALID_ARGUMENT", None)] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert access[-2:] == [("OK", "call-7"), ("INVALID_ARGUMENT", None)], access[-4:]
+

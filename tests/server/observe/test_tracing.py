@@ -20,6 +20,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from observe_models import (
     otlp_http_receiver,
 )
 from oip.grpc import grpc_service_pb2 as pb
+from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from serving import TIMEOUT, Server, assert_error_body, running, simple_body, simple_grpc_request, start_server
 
@@ -142,6 +144,61 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
         logged = access_lines(server, "traced-rest", "traced-grpc")
         for line, trace, span in zip(logged, (rest_trace, grpc_trace), (rest_span, grpc_span), strict=True):
             assert line["trace_id"] == trace and line["span_id"] == span["span_id"], line
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+BATCHED = """
+import numpy as np
+
+from oip.server.model import Model, TensorSpec
+
+
+class Doubled(Model):
+    inputs = [TensorSpec("IN", "INT32", [1])]
+    outputs = [TensorSpec("OUT", "INT32", [1])]
+    inline = True
+
+    def infer(self, inputs, parameters):
+        return {"OUT": inputs["IN"] * 2}
+"""
+
+
+def test_calls_batched_where_they_arrive_join_their_callers_traces(tmp_path: Path,
+                                                                  http_receiver: tuple[Receiver, str]) -> None:
+    """Two gRPC calls to an inline model under dynamic batching, batched by grpcio's polling thread as the second
+    arrives: each request's span joins its own caller's trace, with its own id, and its access-log line names its
+    trace (the trace context is read from the call's metadata as it arrives)."""
+    receiver, endpoint = http_receiver
+    folder = tmp_path / "models" / "doubled"
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text('class = "model:Doubled"\nmax_batch_size = 2\n'
+                                       "[dynamic_batching]\nmax_queue_delay_microseconds = 60000000\n")
+    (folder / "model.py").write_text(BATCHED)
+    server = traced_server(tmp_path / "models", tmp_path, endpoint, "http/protobuf", ready=("doubled",))
+    calls = [(f"batched-{i}", secrets.token_hex(16), secrets.token_hex(8)) for i in range(2)]
+    try:
+        def call(request_id: str, trace: str, parent: str) -> int:
+            request = pb.ModelInferRequest(model_name="doubled", id=request_id)
+            request.inputs.add(name="IN", datatype="INT32", shape=[1, 1])
+            request.raw_input_contents.append((21).to_bytes(4, "little"))
+            with server.channel() as channel:
+                reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                    request, timeout=TIMEOUT, metadata=(("traceparent", f"00-{trace}-{parent}-01"),))
+            return int.from_bytes(reply.raw_output_contents[0], "little")
+
+        with ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(lambda given: call(*given), calls)) == [42, 42]
+        spans = {}
+        for request_id, trace, parent in calls:
+            spans[request_id], children = check_trace(receiver.trace(trace, 5), parent, "grpc", request_id,
+                                                      model="doubled")
+            assert {c["name"] for c in children} == PHASES, children
+        for line, (request_id, trace, _) in zip(access_lines(server, *spans), calls, strict=True):
+            assert line["trace_id"] == trace and line["span_id"] == spans[request_id]["span_id"], line
+        with server.http_client() as http:
+            stats = http.get("/v2/models/doubled/stats").json()["model_stats"][0]
+        assert (stats["inference_count"], stats["execution_count"]) == (2, 1)  # one batch of both
     finally:
         assert server.stop() == 0, server.log_text()
 
@@ -857,6 +914,7 @@ OFF_PATH = """
 import asyncio, json, sys, threading
 import httpx
 from oip.grpc import grpc_service_pb2 as pb
+from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from oip.server import Assembly, ModelRepository, Settings
 from oip.server.grpc.in_thread import NOT_HERE, in_thread
 sys.path.insert(0, sys.argv[1])

@@ -25,6 +25,7 @@ those are answered here.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections import deque
@@ -92,12 +93,23 @@ class WarmPool:
         if answers_here is not None and request is not None and not self._closed:
             args = item[2]
             event, behavior = args[1], args[3]
+            # grpcio runs each call in a context of its own (`item[1]` is its `run`): so does what answers it here,
+            # so that what a request makes current (its timer, its trace) stays its own and never the polling
+            # thread's, which the next calls' contexts are copied from.
+            in_context = item[1] if isinstance(getattr(item[1], "__self__", None), contextvars.Context) else None
+            inside = True  # while the hook runs, in the call's context: it cannot be entered twice
 
             def respond(answer: Any = None) -> None:
                 """Answer the call in this thread: by its handler, or by `answer` (a behaviour of the same call)."""
-                _run(item if answer is None else (item[0], item[1], (*args[:3], answer, *args[4:]), item[3]))
+                given = args if answer is None else (*args[:3], answer, *args[4:])
+                _run((item[0], _direct if inside or in_context is None else in_context, given, item[3]))
 
-            if answers_here(behavior, request, event.invocation_metadata, respond):
+            try:
+                hook = (behavior, request, event.invocation_metadata, respond)
+                taken = answers_here(*hook) if in_context is None else in_context(answers_here, *hook)
+            finally:
+                inside = False
+            if taken:
                 return
         self._hand(item)
 
@@ -158,6 +170,11 @@ class WarmPool:
             for thread in threads:
                 if thread is not threading.current_thread():
                     thread.join()
+
+
+def _direct(fn: Callable[..., Any], /, *args: Any) -> Any:
+    """`fn(*args)` in the context already entered (what `Context.run` does from outside it)."""
+    return fn(*args)
 
 
 def _run(item: _Item) -> None:
