@@ -55,8 +55,9 @@ class Settings:
     graceful_shutdown_seconds: float = 30.0
     # gRPC calls served at once, each on a thread of its own (a stream holds one for its whole life).
     grpc_threads: int = 128
-    # How the gRPC threads are scheduled (Linux): "batch" (SCHED_BATCH: a woken thread does not preempt the running
-    # one, which in this process mostly holds the interpreter it would wait for) or "normal" (the system's default).
+    # How the gRPC threads (and the timer of the batches formed where gRPC calls arrive) are scheduled (Linux):
+    # "batch" (SCHED_BATCH: a woken thread does not preempt the running one, which in this process mostly holds the
+    # interpreter it would wait for) or "normal" (the system's default).
     grpc_thread_scheduling: str = "batch"
     # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
     reuse_port: bool = False

@@ -105,7 +105,9 @@ class Pipeline:
         self.observers = observers
         self.batcher = Batcher(observers.execution_finished)
         self.thread_batcher = ThreadBatcher(observers.execution_finished)  # the gRPC threads' lean way's batches
-        self.arrival_batcher = ArrivalBatcher(observers.execution_finished)  # an inline model's, on arrival
+        # An inline model's, on arrival; its timer thread answers gRPC calls, so it is scheduled as the gRPC threads
+        self.arrival_batcher = ArrivalBatcher(observers.execution_finished,
+                                              low_priority=settings.grpc_thread_scheduling == "batch")
         # Plain `infer` methods running at once, over both paths (the event loop's worker threads, the gRPC threads).
         self.model_slots = Slots(max(1, settings.model_threads))
         # The common request, with only the work it needs

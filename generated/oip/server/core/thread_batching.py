@@ -157,9 +157,10 @@ class ArrivalBatcher:
     is handed its share or error exactly once, by the thread that ran its batch. Under load, arrivals run the batches
     and the timer wakes at most once per batch (a handed-off request costs its thread's wake-ups, here none)."""
 
-    def __init__(self, report: Report | None = None) -> None:
+    def __init__(self, report: Report | None = None, low_priority: bool = True) -> None:
         self._queues: dict[int, _ArrivalQueue] = {}
         self._report = report
+        self._low_priority = low_priority  # the timer thread under SCHED_BATCH (Linux; see `_drain`)
         self._timer = threading.Lock()  # guards `_queues`' changes, `_due`, `_waking` and `_asleep`
         self._due: dict[_ArrivalQueue, int] = {}  # queues to look at again, by when (`time.perf_counter_ns`)
         self._waking = 0  # when the sleeping timer thread wakes by itself; 0: only when rung
@@ -258,8 +259,9 @@ class ArrivalBatcher:
 
     def _time(self) -> None:
         """The timer thread: drain each queue once its time comes (a batch no arrival ran by its deadline)."""
-        with contextlib.suppress(AttributeError, OSError):
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        if self._low_priority:
+            with contextlib.suppress(AttributeError, OSError):
+                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         # Plain locks, not a Condition: the timer sleeps and is rung once per batch when nothing else runs it.
         while True:
             with self._timer:

@@ -155,8 +155,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="gRPC calls served at once, a thread each; a stream holds one while open "
                         "(default: %(default)s)")
     p.add_argument("--grpc-thread-scheduling", choices=GRPC_THREAD_SCHEDULING, default=defaults.grpc_thread_scheduling,
-                   help="the gRPC threads' scheduling policy on Linux: 'batch' (SCHED_BATCH: a woken thread waits for "
-                        "the running one rather than preempting it) or 'normal' (default: %(default)s)")
+                   help="the gRPC threads' scheduling policy on Linux (and the gRPC batch timer's): 'batch' "
+                        "(SCHED_BATCH: a woken thread waits for the running one rather than preempting it) or "
+                        "'normal' (default: %(default)s)")
     p.add_argument("--workers", type=_workers, default="1", metavar="N",
                    help="server processes sharing the ports (SO_REUSEPORT) under one supervisor; 'auto': one per "
                         "available core (default: %(default)s)")
