@@ -151,12 +151,6 @@ class Pipeline:
             return False
         return runs_alone(model)
 
-    def runs_inline(self, name: str, version: str) -> bool:
-        """Whether a request to this model version can be answered at once by the thread that has it, never waiting
-        (for a worker slot, a batch or the event loop): it `runs_in_thread` and the model is `inline`."""
-        plan = self.lean.plan(name, version)
-        return plan is not None and plan.inline
-
     def infer_in_thread(self, request: InferRequest) -> InferResponse:
         """`infer`, in this thread and without the event loop, for a model that `runs_in_thread`: the same phases,
         checks, observers and errors. The model runs when one of `Settings.model_threads` slots is free (the

@@ -101,7 +101,7 @@ class UnaryInfer:
         they are not in `message` (a large request's views, `InferWire`)."""
         start = time.perf_counter_ns()
         lean = self.lean
-        plan = lean.plan(message.model_name, message.model_version)
+        plan = self.plan(message)
         read = self._read(plan, message, raw) if plan is not None and plan.plain else None
         if plan is None or read is None:
             return None
@@ -111,17 +111,19 @@ class UnaryInfer:
             result = lean.run_in_thread(run, plan, arrays, parameters, batch_size)
             return self._reply(plan, request_id, arrays, wanted, result, batch_size)
 
-    def arrive(self, message: Any, trace: dict[str, str] | None, raw: Sequence[Any] | None,
-               answer: Callable[[Any, Exception | None], None]) -> bool:
-        """For a request to a model that batches where its requests arrive (`Plan.batches_on_arrival`), read on
-        the lean way: queue it in its model's batch and return True at once; `answer` is called with its reply (or
-        the error, counted already) by the thread that runs the batch (`Lean.join_batch`). False for any other
-        request (nothing happened)."""
-        start = time.perf_counter_ns()
+    def plan(self, message: Any) -> Plan | None:
+        """The plan of the model version a request message names (`Lean.plan`)."""
+        return self.lean.plan(message.model_name, message.model_version)
+
+    def arrive(self, plan: Plan, message: Any, trace: dict[str, str] | None, raw: Sequence[Any] | None,
+               answer: Callable[[Any, Exception | None], None], start: int) -> bool:
+        """For a request to a model that batches where its requests arrive (`plan`, its `batches_on_arrival`), read
+        on the lean way from `start`: queue it in its model's batch and return True at once; `answer` is called with
+        its reply (or the error, counted already) by the thread that runs the batch (`Lean.join_batch`). False for
+        any other request (nothing happened)."""
         lean = self.lean
-        plan = lean.plan(message.model_name, message.model_version)
-        read = self._read(plan, message, raw) if plan is not None and plan.batches_on_arrival else None
-        if plan is None or read is None:
+        read = self._read(plan, message, raw)
+        if read is None:
             return False
         parameters, arrays, batch_size, wanted = read
         request_id = message.id
@@ -325,16 +327,21 @@ def in_thread(
 
     def answers_here(request: Any, pairs: Sequence[tuple[str, Any]], respond: Respond) -> bool:
         """Answer a call whose request has just arrived, where it is, when that never waits: a request to an inline
-        model that runs alone at once (`Pipeline.runs_inline`), one to an inline model that batches once its batch
-        has run (`UnaryInfer.arrive`). Anything else (a malformed request, any other model) may wait: False."""
+        model that runs alone at once (`Plan.inline`), one to an inline model that batches once its batch has run
+        (`Plan.batches_on_arrival`, `UnaryInfer.arrive`). Anything else (a malformed request, any other model) may
+        wait: False."""
         wire = request if type(request) is InferWire else None
         message = wire.message if wire is not None else request
         if type(message) is not request_type:
             return False
-        named: Any = message  # an inference request message (the codec's type)
-        if pipeline.runs_inline(named.model_name, named.model_version):
+        plan = lean.plan(message)
+        if plan is None:
+            return False
+        if plan.inline:
             respond()
             return True
+        if not plan.batches_on_arrival:
+            return False
         start = time.perf_counter_ns()
         trace = carrier(metadata_of(pairs).get) if tracing else None
 
@@ -351,6 +358,6 @@ def in_thread(
 
             respond(behavior)
 
-        return lean.arrive(named, trace, wire.raw if wire is not None else None, answer)
+        return lean.arrive(plan, message, trace, wire.raw if wire is not None else None, answer, start)
 
     return InThread(infer_in_thread, answers_here)
