@@ -185,6 +185,10 @@ class ArrivalBatcher:
                     queue = self._queues[id(model)] = _ArrivalQueue(model, run)
         with queue.lock:
             queue.pending.append(entry)
+            # A batch found not due yet becomes due by its delay (the timer's) or by an arrival that completes it
+            # (`Watch`): any other arrival only joins the queue.
+            if queue.running or (queue.watch.key is not None and not queue.watch.completes(entry)):
+                return
         self._drain(queue, False)
 
     def _drain(self, queue: _ArrivalQueue, timed: bool) -> None:
@@ -203,6 +207,9 @@ class ArrivalBatcher:
                 if batch:
                     take_batch(queue.pending, batch)
                     queue.running = True
+                    queue.watch.key = None
+                else:
+                    queue.watch.wait_for(queue.pending)
             if not batch:
                 self._look_at(queue, deadline)
                 return
@@ -287,11 +294,12 @@ class _ArrivalQueue:
     """The pending requests of one model version for `ArrivalBatcher`, under `lock`; `running`: a thread is running
     one of its batches; `run`: how its model is called."""
 
-    __slots__ = ("lock", "model", "pending", "run", "running")
+    __slots__ = ("lock", "model", "pending", "run", "running", "watch")
 
     def __init__(self, model: Model, run: RunInThread) -> None:
         self.model = model
         self.run = run
+        self.watch = Watch(model)  # the batch found not due yet, while its requests wait
         self.lock = threading.Lock()
         self.pending: deque[Entry] = deque()
         self.running = False
