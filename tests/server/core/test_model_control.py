@@ -11,6 +11,7 @@ passed over each transport.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -501,7 +502,10 @@ def test_poll_mode_reloads_a_changed_model_under_load_without_failing_a_request(
                           "--workers", str(WORKERS), "--model-threads", "16", ready=("marked",))
     try:
         def change() -> None:  # the new instance takes a second to load: the old one serves meanwhile
-            (folder / "model.toml").write_text(marked_toml(2, delay=0.2, marks=str(marks), load_delay=1.0))
+            # Replaced whole, as a deployment does: a poll never reads the file half written (and loads twice).
+            staged = tmp_path / "model.toml"
+            staged.write_text(marked_toml(2, delay=0.2, marks=str(marks), load_delay=1.0))
+            os.replace(staged, folder / "model.toml")
 
         # Eight callers per transport: each request opens its own connection, which the kernel hands to either
         # worker at random, so with fewer a worker can be without a request in flight at the moment it swaps.
@@ -519,7 +523,11 @@ def test_poll_mode_reloads_a_changed_model_under_load_without_failing_a_request(
     for pid in {a.pid for a in results}:
         took_over = float((marks / f"loaded-{pid}-2").read_text())  # the new instance loaded: it swaps in now
         mine = [a for a in results if a.pid == pid]
-        assert any(a.value == 1 and a.start < took_over < a.end for a in mine), f"none in flight on {pid}"
+        around = sorted((round(a.start - took_over, 3), round(a.end - took_over, 3), a.transport, a.value)
+                        for a in mine if abs(a.start - took_over) < 1 or abs(a.end - took_over) < 1)
+        assert any(a.value == 1 and a.start < took_over < a.end for a in mine), (
+            f"none in flight on {pid} when it swapped; its requests around then (start, end, transport, value): "
+            f"{around}; {server.log_tail(40)}")
         first_new = min(a.end for a in mine if a.value == 2)
         late = [a for a in mine if a.value == 1 and a.start > first_new]
         assert not late, late[:3]
