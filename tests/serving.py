@@ -194,6 +194,33 @@ def build_repository(root: Path, extra: tuple[str, ...] = (), only: tuple[str, .
     return root
 
 
+# Doubles its INT32 input, inline (answered where the request is) and under dynamic batching.
+DOUBLED = """
+import numpy as np
+
+from oip.server.model import Model, TensorSpec
+
+
+class Doubled(Model):
+    inputs = [TensorSpec("IN", "INT32", [1])]
+    outputs = [TensorSpec("OUT", "INT32", [1])]
+    inline = True
+
+    def infer(self, inputs, parameters):
+        return {"OUT": inputs["IN"] * 2}
+"""
+
+
+def write_doubled(root: Path, max_batch_size: int, delay_us: int) -> Path:
+    """The model folder `root`/doubled: DOUBLED, batches of up to `max_batch_size` rows formed within `delay_us`."""
+    folder = root / "doubled"
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text(f'class = "model:Doubled"\nmax_batch_size = {max_batch_size}\n'
+                                       f"[dynamic_batching]\nmax_queue_delay_microseconds = {delay_us}\n")
+    (folder / "model.py").write_text(DOUBLED)
+    return folder
+
+
 # --- the server process -----------------------------------------------------------------------------------------
 
 

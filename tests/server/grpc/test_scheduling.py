@@ -14,7 +14,7 @@ import pytest
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from oip.server.grpc.server import threaded_server
-from serving import TIMEOUT, Server, build_repository, simple_grpc_request, start_server
+from serving import TIMEOUT, Server, build_repository, simple_grpc_request, start_server, write_doubled
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
 
@@ -62,33 +62,13 @@ def test_the_grpc_threads_run_under_the_policy_asked_for(tmp_path: Path, flags: 
         assert not changed, after
 
 
-BATCHED = """
-import numpy as np
-
-from oip.server.model import Model, TensorSpec
-
-
-class Doubled(Model):
-    inputs = [TensorSpec("IN", "INT32", [1])]
-    outputs = [TensorSpec("OUT", "INT32", [1])]
-    inline = True
-
-    def infer(self, inputs, parameters):
-        return {"OUT": inputs["IN"] * 2}
-"""
-
-
 @pytest.mark.parametrize(("flags", "policy"), [((), "SCHED_BATCH"), (("--grpc-thread-scheduling", "normal"),
                                                                      "SCHED_OTHER")])
 def test_the_batch_timer_of_grpc_calls_runs_under_the_grpc_threads_policy(tmp_path: Path, flags: tuple[str, ...],
                                                                           policy: str) -> None:
     """A lone call to an inline model under dynamic batching is run by the batcher's timer thread once its delay
     ran out (`ArrivalBatcher`): that thread answers gRPC calls, and takes the gRPC threads' policy."""
-    folder = tmp_path / "models" / "doubled"
-    folder.mkdir(parents=True)
-    (folder / "model.toml").write_text('class = "model:Doubled"\nmax_batch_size = 8\n'
-                                       "[dynamic_batching]\nmax_queue_delay_microseconds = 1000\n")
-    (folder / "model.py").write_text(BATCHED)
+    write_doubled(tmp_path / "models", max_batch_size=8, delay_us=1000)
     server = start_server(tmp_path / "models", tmp_path, *flags, ready=["doubled"])
     try:
         before = _python_threads(server)

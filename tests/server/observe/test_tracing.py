@@ -39,7 +39,16 @@ from observe_models import (
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from serving import TIMEOUT, Server, assert_error_body, running, simple_body, simple_grpc_request, start_server
+from serving import (
+    TIMEOUT,
+    Server,
+    assert_error_body,
+    running,
+    simple_body,
+    simple_grpc_request,
+    start_server,
+    write_doubled,
+)
 
 
 @pytest.fixture(scope="module")
@@ -148,33 +157,13 @@ def test_traces_join_the_callers_trace(protocol: str, repository: Path, tmp_path
         assert server.stop() == 0, server.log_text()
 
 
-BATCHED = """
-import numpy as np
-
-from oip.server.model import Model, TensorSpec
-
-
-class Doubled(Model):
-    inputs = [TensorSpec("IN", "INT32", [1])]
-    outputs = [TensorSpec("OUT", "INT32", [1])]
-    inline = True
-
-    def infer(self, inputs, parameters):
-        return {"OUT": inputs["IN"] * 2}
-"""
-
-
 def test_calls_batched_where_they_arrive_join_their_callers_traces(tmp_path: Path,
                                                                   http_receiver: tuple[Receiver, str]) -> None:
     """Two gRPC calls to an inline model under dynamic batching, batched by grpcio's polling thread as the second
     arrives: each request's span joins its own caller's trace, with its own id, and its access-log line names its
     trace (the trace context is read from the call's metadata as it arrives)."""
     receiver, endpoint = http_receiver
-    folder = tmp_path / "models" / "doubled"
-    folder.mkdir(parents=True)
-    (folder / "model.toml").write_text('class = "model:Doubled"\nmax_batch_size = 2\n'
-                                       "[dynamic_batching]\nmax_queue_delay_microseconds = 60000000\n")
-    (folder / "model.py").write_text(BATCHED)
+    write_doubled(tmp_path / "models", max_batch_size=2, delay_us=60000000)
     server = traced_server(tmp_path / "models", tmp_path, endpoint, "http/protobuf", ready=("doubled",))
     calls = [(f"batched-{i}", secrets.token_hex(16), secrets.token_hex(8)) for i in range(2)]
     try:
