@@ -209,6 +209,36 @@ def test_anything_else_goes_through_asgi(protocol: Any, request_bytes: bytes) ->
     assert transport.written.endswith(b"\r\n\r\nasgi")
 
 
+def test_a_body_over_the_request_limit_is_left_to_asgi() -> None:
+    # The app answers a body over `--max-request-bytes` 413 (ASGI's way reads it against the limit): the HTTP
+    # layer may not take, and answer, what the app refuses.
+    loop = asyncio.new_event_loop()
+    app = _App()
+    config = uvicorn.Config(app, http=http_protocol(10.0, 10.0, 64 * 1024, app, 8),  # type: ignore[arg-type]
+                            lifespan="off", log_config=None)
+    config.load()
+    proto = config.http_protocol_class(config=config, server_state=uvicorn.Server(config).server_state,
+                                       app_state={}, _loop=loop)
+    transport = _Transport()
+    proto.connection_made(transport)
+    try:
+        proto.data_received(_post("/v2/models/m/infer", b"12345678"))  # at the limit: answered here
+        assert app.seen == [({"model_name": "m"}, b"12345678", True)]
+
+        async def over() -> None:
+            proto.data_received(_post("/v2/models/m/infer", b"123456789"))
+            for _ in range(100):
+                await asyncio.sleep(0)
+                if transport.written.endswith(b"asgi"):
+                    break
+
+        loop.run_until_complete(over())
+        assert len(app.seen) == 1 and transport.written.endswith(b"\r\n\r\nasgi")
+    finally:
+        proto.connection_lost(None)
+        loop.close()
+
+
 def test_a_client_that_does_not_read_its_answers_is_answered_through_asgi(protocol: Any) -> None:
     proto, app, transport, _, loop = protocol
     proto.pause_writing()  # the transport's buffer is full: the client reads nothing
@@ -402,3 +432,20 @@ def test_shutdown_waits_for_an_answer_in_progress(tmp_path: Path) -> None:
         assert served.process.wait(STOP_TIMEOUT) == 0, served.log_tail()
     finally:
         served.kill()
+
+
+def test_the_request_limit_holds_for_small_bodies(tmp_path: Path) -> None:
+    body = json.dumps(simple_body()).encode()
+    served = start_server(build_repository(tmp_path / "models", only=("simple",)), tmp_path / "run",
+                          "--max-request-bytes", str(len(body)))
+    try:
+        [(status, _, answer)] = _exchange(served, _post(SIMPLE, body))
+        assert status == "HTTP/1.1 200 OK", answer
+        [(status, _, answer)] = _exchange(served, _post(SIMPLE, body + b" "))  # one byte over
+        assert status == "HTTP/1.1 413 Request Entity Too Large", answer
+        assert json.loads(answer) == {"error": f"request body of {len(body) + 1} bytes exceeds the limit of "
+                                               f"{len(body)} bytes"}
+        [(status, _, answer)] = _exchange(served, _post(SIMPLE, body))
+        assert status == "HTTP/1.1 200 OK", answer
+    finally:
+        assert served.stop() == 0, served.log_tail()

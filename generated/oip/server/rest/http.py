@@ -36,8 +36,9 @@ What happens below the application, where FastAPI never sees the request:
   only if it has to wait (a model in a worker thread, a dynamic batch). Anything else goes through ASGI as before:
   a request pipelined behind one still being answered, or sent while the client is not reading its answers (the
   transport's buffer full: ASGI's way waits for it to drain, and further requests wait), one that expects
-  `100-continue`, is chunked or compressed, has more than `_DIRECT_MAX_BODY` bytes, or names its client in
-  forwarding headers while the access log is on.
+  `100-continue`, is chunked or compressed, has more than `_DIRECT_MAX_BODY` bytes or more than the server's
+  `--max-request-bytes` (ASGI's way answers 413), or names its client in forwarding headers while the access log
+  is on.
 
 Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
 400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
@@ -152,9 +153,10 @@ def _answer(status: bytes, message: str) -> bytes:
 
 
 def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: int = 64 * 1024,
-                  app: DirectApp | None = None) -> type[asyncio.Protocol] | str:
+                  app: DirectApp | None = None, max_request_bytes: int | None = None) -> type[asyncio.Protocol] | str:
     """The protocol class for `uvicorn.Config(http=...)`: httptools' with the changes above, or "auto". With `app`
-    (the app the server runs), its inference requests are answered here (see the module's description)."""
+    (the app the server runs), its inference requests are answered here (see the module's description); a body
+    over `max_request_bytes` (the app's own limit, which it answers with 413) is left to the app."""
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -162,6 +164,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
         return "auto"
 
     feed = HttpToolsProtocol.data_received
+    direct_max_body = _DIRECT_MAX_BODY if max_request_bytes is None else min(_DIRECT_MAX_BODY, max_request_bytes)
 
     class Protocol(HttpToolsProtocol):
         # One timer per connection, not one or two per request (arming and cancelling loop timers on every request
@@ -318,7 +321,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                 elif (name == b"transfer-encoding" or (name == b"content-encoding" and value.lower() != b"identity")
                       or (name in _FORWARDED and app.log is not None)):
                     return None
-            if size is None or size > _DIRECT_MAX_BODY:
+            if size is None or size > direct_max_body:
                 return None
             raw_path = httptools.parse_url(self.url).path
             path = raw_path.decode("ascii")

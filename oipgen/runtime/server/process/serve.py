@@ -223,7 +223,7 @@ async def serve(
                 timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_seconds),
                 timeout_keep_alive=settings.http_keep_alive_seconds,
                 http=http_protocol(settings.http_header_timeout, settings.http_body_timeout,
-                                   settings.http_max_header_bytes, app),
+                                   settings.http_max_header_bytes, app, settings.max_request_bytes),
                 h11_max_incomplete_event_size=settings.http_max_header_bytes,  # without httptools
                 ws="none",
                 server_header=False,
