@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import signal
 import socket
 import time
@@ -23,7 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 import uvicorn
+from conftest import ROOT
 from oip import framing
+from oip.server import Assembly, ModelRepository, Settings
 from oip.server.rest.http import http_protocol
 from oip.server.rest.infer_codec import BinaryParts
 from serving import (
@@ -283,7 +286,8 @@ def test_http_1_0_closes_after_the_answer(protocol: Any) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("direct")
     repository = build_repository(root / "models", extra=("slow",), only=("simple",))
-    served = start_server(repository, root / "run", "--access-log", ready=("simple", "slow"))
+    shutil.copytree(ROOT / "examples" / "models" / "text_echo", repository / "text_echo")
+    served = start_server(repository, root / "run", "--access-log", ready=("simple", "slow", "text_echo"))
     yield served
     assert served.stop() == 0, served.log_tail()
 
@@ -340,6 +344,9 @@ CASES: dict[str, tuple[str, bytes, tuple[str, ...]]] = {
     "unknown-model": ("/v2/models/nothing/infer", json.dumps(simple_body()).encode(), ()),
     "wrong-datatype": (SIMPLE, json.dumps(simple_body()).replace('"INT32"', '"FP32"', 1).encode(), ()),
     "versioned": ("/v2/models/simple/versions/1/infer", json.dumps(simple_body()).encode(), ()),
+    "generate": ("/v2/models/text_echo/generate", b'{"text_input": "one two", "id": "g"}', ()),
+    "generate-not-an-object": ("/v2/models/text_echo/generate", b'["one two"]', ()),
+    "generate-unknown-model": ("/v2/models/nothing/generate", b'{"text_input": "x"}', ()),
 }
 
 
@@ -351,10 +358,19 @@ def test_the_answer_is_the_asgi_answer_byte_for_byte(server: Server, case: str) 
     assert (status, direct_body) == (asgi_status, asgi_body)
     direct_headers.pop("date"), asgi_headers.pop("date")
     assert direct_headers == asgi_headers
-    if case in ("ok", "binary", "versioned"):
+    if case in ("ok", "binary", "versioned", "generate"):
         assert status == "HTTP/1.1 200 OK", direct_body
     else:
         assert status.split()[1] in ("400", "404") and json.loads(direct_body)["error"]
+
+
+def test_the_app_answers_inference_and_plain_generate_directly_and_events_over_asgi() -> None:
+    app = Assembly.build(ModelRepository(), Settings()).rest_app()
+    assert app.direct("/v2/models/m/infer")[:2] == ("model_infer", {"model_name": "m"})  # type: ignore[index]
+    assert app.direct("/v2/models/m/versions/2/generate")[:2] == (  # type: ignore[index]
+        "generate", {"model_name": "m", "model_version": "2"})
+    assert app.direct("/v2/models/m/generate_stream") is None  # its events go out through ASGI's messages
+    assert app.direct("/v2/models/m/ready") is None
 
 
 def test_pipelined_requests_are_answered_in_order(server: Server) -> None:

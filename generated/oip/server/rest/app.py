@@ -41,7 +41,15 @@ from ..observe.metrics import CONTENT_TYPE, Metric, Metrics, render
 from ..settings import Settings
 from .document import DOCUMENT
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
-from .handlers import Handler, error_response, json_handler, message_handler, tensor_answer, tensor_handler
+from .handlers import (
+    Handler,
+    error_response,
+    json_answer,
+    json_handler,
+    message_handler,
+    tensor_answer,
+    tensor_handler,
+)
 from .http import Answer
 from .infer_codec import BinaryParts
 from .openapi import openapi_document, published_document
@@ -241,7 +249,11 @@ def create_app(
     for endpoint in sorted(every, key=_route_order):
         if isinstance(endpoint, RestOnlyEndpoint):
             handler = json_handler(dataplane, settings, endpoint)
-            app.fast_routes += ((endpoint.method, _path_pattern(endpoint.path), handler),)
+            pattern = _path_pattern(endpoint.path)
+            app.fast_routes += ((endpoint.method, pattern, handler),)
+            if endpoint.method == "POST" and not endpoint.events:  # events go out over ASGI
+                answer = json_answer(dataplane, settings, endpoint)
+                app.direct_routes += ((pattern, endpoint.operation, tuple(endpoint.params), answer),)
         elif endpoint.operation in TENSOR_OPERATIONS:
             answer = tensor_answer(dataplane, settings, endpoint, repository, tracing)
             handler = tensor_handler(endpoint, answer, settings)

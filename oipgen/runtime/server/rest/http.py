@@ -23,18 +23,18 @@ What happens below the application, where FastAPI never sees the request:
   ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
   (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
 
-- An inference request (a POST to an inference route of the app, `OipApp.direct`) with a small body of a declared
-  length is answered here, without ASGI: its body is collected as it arrives and handed, whole, to the route's
-  answer (the one the app's ASGI route calls too: the same decoding, data plane, errors, metrics and access log);
-  the answer is written as one piece. ASGI's per-request scope, messages and task, the framework's request object
-  and a write per message cost a tenth to a fifth of a small inference's CPU (bench/ab.py: simple REST 0.91x, text
-  REST binary 0.78x, a batched model 0.87x); here the answer runs in the protocol's callback, and a task is made
-  only if it has to wait (a model in a worker thread, a dynamic batch). Anything else goes through ASGI as before:
-  a request pipelined behind one still being answered, or sent while the client is not reading its answers (the
-  transport's buffer full: ASGI's way waits for it to drain, and further requests wait), one that expects
-  `100-continue`, is chunked or compressed, has more than `_DIRECT_MAX_BODY` bytes or more than the server's
-  `--max-request-bytes` (ASGI's way answers 413), or names its client in forwarding headers while the access log
-  is on.
+- An inference request (a POST to an inference route of the app, or to a route with one plain JSON answer such as
+  generate: `OipApp.direct`) with a small body of a declared length is answered here, without ASGI: its body is
+  collected as it arrives and handed, whole, to the route's answer (the one the app's ASGI route calls too: the
+  same decoding, data plane, errors, metrics and access log); the answer is written as one piece. ASGI's
+  per-request scope, messages and task, the framework's request object and a write per message cost a tenth to a
+  fifth of a small inference's CPU (bench/ab.py: simple REST 0.91x, text REST binary 0.78x, a batched model 0.87x,
+  generate 0.84x); here the answer runs in the protocol's callback, and a task is made only if it has to wait (a
+  model in a worker thread, a dynamic batch). Anything else goes through ASGI as before: a request pipelined
+  behind one still being answered, or sent while the client is not reading its answers (the transport's buffer
+  full: ASGI's way waits for it to drain, and further requests wait), one that expects `100-continue`, is chunked
+  or compressed, has more than `_DIRECT_MAX_BODY` bytes or more than the server's `--max-request-bytes` (ASGI's
+  way answers 413), or names its client in forwarding headers while the access log is on.
 
 Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
 400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
