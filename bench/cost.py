@@ -1,11 +1,13 @@
-"""What each workload costs our server per request, in process: no sockets, no HTTP or HTTP/2 framing, so that a
-change to the inference path shows in microseconds rather than in the noise of a loaded machine.
+"""What each workload costs our server per request, in process: no sockets and no HTTP/2 framing (REST requests are
+parsed as the server parses them), so that a change to the inference path shows in microseconds rather than in the
+noise of a loaded machine.
 
 A workload of bench/loadgen.py (its very request: body and headers, or gRPC message) goes to what answers it in
-the server, built as `serve` builds it over bench/servers/oipgen_repo (`Assembly`): a REST request through the
-ASGI app, a unary gRPC request through the gRPC thread's handler (`in_thread`; where that hands the call to the
-event loop, the servicer's coroutine, as the server does; the dynamically batched model's from threads, as gRPC's
-threads call it, so that they batch), a stream through the servicer's stream method. Every
+the server, built as `serve` builds it over bench/servers/oipgen_repo (`Assembly`): a REST request as its bytes
+through the server's HTTP layer (bench/http_in_process.py: httptools' parser, then the direct or the ASGI way, as
+the server takes it), a unary gRPC request through the gRPC thread's handler (`in_thread`; where that hands the
+call to the event loop, the servicer's coroutine, as the server does; the dynamically batched model's from
+threads, as gRPC's threads call it, so that they batch), a stream through the servicer's stream method. Every
 answer is checked as the load generator checks it. Per workload: CPU per request (the whole process), Python calls
 per request (counted by a profile hook), and with `--profile` cProfile's functions with the most own time.
 Requests run one at a time, except the dynamically batched model's: `--batch N` at once (default 8), so that
@@ -35,7 +37,7 @@ import pstats  # noqa: E402
 
 sys.path.insert(0, str(BENCH))
 
-import asgi  # noqa: E402
+import http_in_process  # noqa: E402
 import loadgen  # noqa: E402
 
 MODELS = BENCH / "servers" / "oipgen_repo"
@@ -64,26 +66,31 @@ class _Context:
         return True
 
 
-def _rest(app: Any, name: str) -> Callable[[], Awaitable[None]]:
+def _rest(app: Any, settings: Any, name: str) -> Callable[[], Awaitable[None]]:
     request = loadgen.rest_request(name, 1000)
-    headers = [(b"host", b"bench"), *((k.lower().encode(), v.encode()) for k, v in request.headers.items()),
-               (b"content-length", str(len(request.body)).encode())]
+    lines = [f"POST {request.path} HTTP/1.1", "host: bench", *(f"{k}: {v}" for k, v in request.headers.items()),
+             f"content-length: {len(request.body)}"]
+    raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + request.body
+    idle: list[http_in_process.Connection] = []  # keep-alive connections, one per request at once
 
     class Headers(dict[str, str]):
         def get(self, key: str, default: Any = None) -> Any:
             return super().get(key.lower(), default)
 
     async def one(check: bool = False) -> None:
-        sent = await asgi.call(app, "POST", request.path, request.body, headers)
-        if sent[0]["status"] != 200:
-            raise RuntimeError(f"{name}: HTTP {sent[0]['status']}: {sent[1:2]}")
+        connection = idle.pop() if idle else http_in_process.Connection(app, settings)
+        try:
+            status, headers, body = await connection.request(raw)
+        finally:
+            idle.append(connection)
+        if status != 200:
+            raise RuntimeError(f"{name}: HTTP {status}: {body[:200]!r}")
         if check:
-            raw = b"".join(bytes(m.get("body", b"")) for m in sent[1:])
-
             class Response:
-                headers = Headers({k.decode(): v.decode() for k, v in sent[0]["headers"]})
+                pass
 
-            request.check(raw, Response)
+            Response.headers = Headers(headers)  # type: ignore[attr-defined]
+            request.check(body, Response)
 
     return one
 
@@ -140,7 +147,7 @@ def measure(workloads: list[str], requests: int, batch: int, profile: bool, top:
         servicer = assembly.servicer()
         handler = in_thread(assembly.dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, False)
         for name in workloads:
-            one = _grpc(handler, servicer, name) if "grpc" in name else _rest(app, name)
+            one = _grpc(handler, servicer, name) if "grpc" in name else _rest(app, settings, name)
             at_once = batch if name.startswith("batched") else 1
 
             async def step(one: Any = one, at_once: int = at_once) -> None:

@@ -6,7 +6,7 @@ replayed by the bare transport, which the load generator checks as it checks a s
 workloads it sends (its own counts against the server's), the requests the load generator writes as tritonclient
 and KServe's client write them, `bench/run.py --quick` end to end with its report and chart on a few scenarios (one
 of each kind: REST, gRPC, a stream, server-sent events), `bench/ab.py`'s paired turns of two builds or settings,
-`bench/scale.py`'s checks, the report's ratios against
+`bench/scale.py`'s checks, `bench/cost.py` through the server's HTTP layer, the report's ratios against
 Triton, targets and client-bound marks on made-up figures, and Triton itself as `make bench` starts it, on every
 workload (bench/setup.sh's Triton step alone: seconds and 370 MB the first time (with uv), cached in bench/.cache; then
 about 30 s). MLServer and KServe are left to `make bench`.
@@ -606,6 +606,41 @@ def test_allocator_tuning() -> None:
     assert tune(MALLOC_ARENA_MAX="4") == "False"
     if platform.libc_ver()[0] == "glibc":
         assert tune() == "True"
+
+
+def test_cost_runs_rest_requests_through_the_servers_http_layer() -> None:
+    """bench/cost.py sends each REST request as bytes through the HTTP layer `serve` runs (`http_in_process`): a
+    small inference is answered the direct way (no task), a chunked one the ASGI way, with the same answer; and
+    cost.py itself measures workloads of each kind, every answer checked."""
+    import asyncio
+
+    import http_in_process
+    from oip.server import Assembly, ModelRepository, Settings
+
+    async def main() -> None:
+        settings = Settings()
+        repository = ModelRepository(BENCH / "servers" / "oipgen_repo")
+        await repository.load_all()
+        app = Assembly.build(repository, settings).rest_app()
+        connection = http_in_process.Connection(app, settings)
+        request = loadgen.rest_request("simple_rest", 16)
+        head = f"POST {request.path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        direct = await connection.request(f"{head}content-length: {len(request.body)}\r\n\r\n".encode()
+                                          + request.body)
+        assert not connection.protocol.tasks  # answered within the read: no ASGI task
+        chunked = await connection.request(f"{head}transfer-encoding: chunked\r\n\r\n".encode()
+                                           + b"%x\r\n%s\r\n0\r\n\r\n" % (len(request.body), request.body))
+        assert direct[0] == chunked[0] == 200 and direct[2] == chunked[2]
+        assert json.loads(direct[2])["outputs"][0]["data"] == (loadgen.SIMPLE_A + loadgen.SIMPLE_B)[0].tolist()
+        connection.close()
+        await repository.unload_all()
+
+    asyncio.run(main())
+    workloads = ("simple_rest", "text_rest_binary", "batched_rest", "generate", "generate_stream", "simple_grpc")
+    done = subprocess.run([sys.executable, str(BENCH / "cost.py"), "--workloads", ",".join(workloads),
+                           "--requests", "40"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line.split()[0] for line in done.stdout.splitlines()] == list(workloads)
 
 
 @pytest.fixture(scope="module")
