@@ -3,7 +3,7 @@
 `Connection` is one keep-alive connection: the protocol class `serve` gives uvicorn (`oip.server.rest.http`:
 httptools' parser, and inference requests answered without ASGI where the server answers them so), on a transport
 that keeps what it is given. A request goes in as the bytes a client sends; its answer is awaited until the bytes
-written hold a whole response (by its content-length, or the last chunk of a chunked body), then parsed. So a
+written hold a whole response (by its content-length, or the last chunk of a chunked body); `parse` reads it. So a
 small inference costs here what it costs the server: the parser's callbacks, the direct or ASGI way, the writes.
 """
 
@@ -35,16 +35,15 @@ class _Transport(asyncio.Transport):
     def _check(self) -> None:
         if self.answered is None or self.answered.done():
             return
-        head_end = self.written.find(b"\r\n\r\n")
+        written = self.written
+        head_end = written.find(b"\r\n\r\n")
         if head_end < 0:
             return
-        head = bytes(self.written[:head_end]).lower()
-        body = len(self.written) - head_end - 4
-        if b"transfer-encoding: chunked" in head:
-            whole = self.written.endswith(b"\r\n0\r\n\r\n")  # the last chunk
-        else:
-            marker = head.find(b"content-length: ")
-            whole = marker >= 0 and body >= int(head[marker + 16:].split(b"\r\n", 1)[0])
+        marker = written.find(b"content-length: ", 0, head_end)
+        if marker >= 0:
+            whole = len(written) - head_end - 4 >= int(written[marker + 16:written.index(b"\r\n", marker)])
+        else:  # chunked: the last chunk
+            whole = written.endswith(b"\r\n0\r\n\r\n")
         if whole:
             self.answered.set_result(None)
 
@@ -83,31 +82,36 @@ class Connection:
         self.transport = _Transport()
         self.protocol.connection_made(self.transport)
 
-    async def request(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-        """Send one request (its bytes); its answer: status, headers (lowercase names), body (chunks joined)."""
+    async def request(self, raw: bytes) -> bytes:
+        """Send one request (its bytes); its answer's bytes as written (`parse` reads them)."""
         transport = self.transport
-        transport.written.clear()
+        transport.written = bytearray()
         answered = transport.answered = asyncio.get_running_loop().create_future()
         self.protocol.data_received(raw)
         if not answered.done():
             await answered
-        head, _, body = bytes(transport.written).partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("transfer-encoding") == "chunked":
-            pieces, rest = [], body
-            while True:
-                size_line, _, rest = rest.partition(b"\r\n")
-                size = int(size_line, 16)
-                if size == 0:
-                    break
-                pieces.append(rest[:size])
-                rest = rest[size + 2:]
-            body = b"".join(pieces)
-        return int(lines[0].split()[1]), headers, body
+        return bytes(transport.written)
 
     def close(self) -> None:
         self.protocol.connection_lost(None)
+
+
+def parse(answer: bytes) -> tuple[int, dict[str, str], bytes]:
+    """An answer's status, headers (lowercase names) and body (a chunked body's chunks joined)."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        pieces, rest = [], body
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            pieces.append(rest[:size])
+            rest = rest[size + 2:]
+        body = b"".join(pieces)
+    return int(lines[0].split()[1]), headers, body

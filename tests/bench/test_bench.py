@@ -625,11 +625,12 @@ def test_cost_runs_rest_requests_through_the_servers_http_layer() -> None:
         connection = http_in_process.Connection(app, settings)
         request = loadgen.rest_request("simple_rest", 16)
         head = f"POST {request.path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        direct = await connection.request(f"{head}content-length: {len(request.body)}\r\n\r\n".encode()
-                                          + request.body)
+        direct = http_in_process.parse(await connection.request(
+            f"{head}content-length: {len(request.body)}\r\n\r\n".encode() + request.body))
         assert not connection.protocol.tasks  # answered within the read: no ASGI task
-        chunked = await connection.request(f"{head}transfer-encoding: chunked\r\n\r\n".encode()
-                                           + b"%x\r\n%s\r\n0\r\n\r\n" % (len(request.body), request.body))
+        chunks = b"%x\r\n%s\r\n0\r\n\r\n" % (len(request.body), request.body)
+        chunked = http_in_process.parse(await connection.request(
+            f"{head}transfer-encoding: chunked\r\n\r\n".encode() + chunks))
         assert direct[0] == chunked[0] == 200 and direct[2] == chunked[2]
         assert json.loads(direct[2])["outputs"][0]["data"] == (loadgen.SIMPLE_A + loadgen.SIMPLE_B)[0].tolist()
         connection.close()
