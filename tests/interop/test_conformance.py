@@ -201,8 +201,10 @@ def test_a_server_without_one_rule_fails_the_cases_that_name_it(rule: str, tmp_p
         result = _cli(server.url, server.target, "--format", "json", "--model", *models, package_dir=package)
     document = json.loads(result.stdout)
     failed = {(r["case"], r["model"], r["transport"]) for r in document["results"] if r["outcome"] == "fail"}
-    unexpected = [r for r in document["results"] if (r["case"], r["model"], r["transport"]) in failed - expected]
-    assert result.returncode == 1 and failed == expected, (failed ^ expected, unexpected)
+    # what an unexpected failure said, whole (a result's detail is what the server answered or how the call ended)
+    unexpected = [f'{r["case"]} {r["model"]} {r["transport"]}: {r["detail"]}' for r in document["results"]
+                  if (r["case"], r["model"], r["transport"]) in failed - expected]
+    assert result.returncode == 1 and failed == expected, ("\n".join(unexpected), expected - failed)
     # the golden layer ran in full beside it: the models it needs and the server does not serve are named
     assert document["layers"]["golden"]["pass"] > 40 and "identity_bf16" in document["unserved_models"]
 
