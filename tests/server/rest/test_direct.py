@@ -39,7 +39,7 @@ from serving import (
     simple_body,
     start_server,
 )
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 SIMPLE = "/v2/models/simple/infer"
 
@@ -273,6 +273,81 @@ def test_forwarded_client_goes_through_asgi_only_when_logging(protocol: Any) -> 
     assert len(app.seen) == 1 and transport.written.endswith(b"asgi")
 
 
+def _events_app(app: _App, gate: asyncio.Event, made: list[int], closed: list[bool]) -> None:
+    """`app`'s answer becomes an endless stream of pieces `b"<n>;"`, made while `gate` is set."""
+
+    async def pieces() -> Any:
+        try:
+            while True:
+                await gate.wait()
+                made.append(len(made))
+                yield b"%d;" % made[-1]
+                await asyncio.sleep(0)  # one piece a turn of the loop, as the data plane's streams go
+        finally:
+            closed.append(True)
+
+    async def answer(fields: dict[str, str], body: Any, headers: Any, parts: bool) -> Response:
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
+    app.answer = answer  # type: ignore[method-assign]
+
+
+def test_a_stream_is_written_in_chunks_and_waits_for_a_client_that_does_not_read(protocol: Any) -> None:
+    proto, app, transport, server, loop = protocol
+    gate, made, closed = asyncio.Event(), [], []
+    _events_app(app, gate, made, closed)
+
+    async def turns(n: int = 50) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        proto.data_received(_post("/v2/models/m/infer", b"{}"))
+        await turns()
+        assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"transfer-encoding: chunked\r\n" in transport.written and not made
+        gate.set()
+        await turns(5)
+        assert transport.written.endswith(b"2\r\n%d;\r\n" % made[-1]) and len(made) > 1
+        proto.pause_writing()  # the transport's buffer is full: the stream waits, making nothing more
+        await turns()
+        held = len(made)
+        await turns()
+        assert len(made) == held
+        proto.resume_writing()
+        await turns()
+        assert len(made) > held
+        assert server.server_state.tasks and not closed  # the stream goes on while the model has more
+        proto.connection_lost(None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(scenario())
+    assert closed == [True] and not server.server_state.tasks
+
+
+def test_a_client_gone_mid_stream_stops_it_at_once(protocol: Any) -> None:
+    proto, app, _, server, loop = protocol
+    gate, made, closed = asyncio.Event(), [], []
+    _events_app(app, gate, made, closed)
+
+    async def scenario() -> None:
+        proto.data_received(_post("/v2/models/m/infer", b"{}"))
+        gate.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gate.clear()  # the model waits for its next piece, for ever
+        for _ in range(5):
+            await asyncio.sleep(0)
+        proto.connection_lost(None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(scenario())
+    assert closed == [True] and not server.server_state.tasks  # not left waiting for a piece nobody reads
+    assert app.counted == [("model_infer", 200)]
+
+
 def test_http_1_0_closes_after_the_answer(protocol: Any) -> None:
     proto, app, transport, _, _ = protocol
     proto.data_received(b"POST /v2/models/m/infer HTTP/1.0\r\ncontent-length: 1\r\n\r\nz")
@@ -286,8 +361,10 @@ def test_http_1_0_closes_after_the_answer(protocol: Any) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("direct")
     repository = build_repository(root / "models", extra=("slow",), only=("simple",))
-    shutil.copytree(ROOT / "examples" / "models" / "text_echo", repository / "text_echo")
-    served = start_server(repository, root / "run", "--access-log", ready=("simple", "slow", "text_echo"))
+    for name in ("text_echo", "text_stream"):
+        shutil.copytree(ROOT / "examples" / "models" / name, repository / name)
+    served = start_server(repository, root / "run", "--access-log",
+                          ready=("simple", "slow", "text_echo", "text_stream"))
     yield served
     assert served.stop() == 0, served.log_tail()
 
@@ -347,6 +424,8 @@ CASES: dict[str, tuple[str, bytes, tuple[str, ...]]] = {
     "generate": ("/v2/models/text_echo/generate", b'{"text_input": "one two", "id": "g"}', ()),
     "generate-not-an-object": ("/v2/models/text_echo/generate", b'["one two"]', ()),
     "generate-unknown-model": ("/v2/models/nothing/generate", b'{"text_input": "x"}', ()),
+    "generate-stream": ("/v2/models/text_stream/generate_stream", b'{"text_input": "one two three", "id": "s"}', ()),
+    "generate-stream-unknown-model": ("/v2/models/nothing/generate_stream", b'{"text_input": "x"}', ()),
 }
 
 
@@ -358,18 +437,19 @@ def test_the_answer_is_the_asgi_answer_byte_for_byte(server: Server, case: str) 
     assert (status, direct_body) == (asgi_status, asgi_body)
     direct_headers.pop("date"), asgi_headers.pop("date")
     assert direct_headers == asgi_headers
-    if case in ("ok", "binary", "versioned", "generate"):
+    if case in ("ok", "binary", "versioned", "generate", "generate-stream"):
         assert status == "HTTP/1.1 200 OK", direct_body
     else:
         assert status.split()[1] in ("400", "404") and json.loads(direct_body)["error"]
 
 
-def test_the_app_answers_inference_and_plain_generate_directly_and_events_over_asgi() -> None:
+def test_the_app_answers_inference_and_generate_directly() -> None:
     app = Assembly.build(ModelRepository(), Settings()).rest_app()
     assert app.direct("/v2/models/m/infer")[:2] == ("model_infer", {"model_name": "m"})  # type: ignore[index]
     assert app.direct("/v2/models/m/versions/2/generate")[:2] == (  # type: ignore[index]
         "generate", {"model_name": "m", "model_version": "2"})
-    assert app.direct("/v2/models/m/generate_stream") is None  # its events go out through ASGI's messages
+    assert app.direct("/v2/models/m/generate_stream")[:2] == (  # type: ignore[index]
+        "generate_stream", {"model_name": "m"})
     assert app.direct("/v2/models/m/ready") is None
 
 

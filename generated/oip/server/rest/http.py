@@ -27,18 +27,20 @@ What happens below the application, where FastAPI never sees the request:
   ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
   (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
 
-- An inference request (a POST to an inference route of the app, or to a route with one plain JSON answer such as
-  generate: `OipApp.direct`) with a small body of a declared length is answered here, without ASGI: its body is
-  collected as it arrives and handed, whole, to the route's answer (the one the app's ASGI route calls too: the
-  same decoding, data plane, errors, metrics and access log); the answer is written as one piece. ASGI's
-  per-request scope, messages and task, the framework's request object and a write per message cost a tenth to a
-  fifth of a small inference's CPU (bench/ab.py: simple REST 0.91x, text REST binary 0.78x, a batched model 0.87x,
-  generate 0.84x); here the answer runs in the protocol's callback, and a task is made only if it has to wait (a
-  model in a worker thread, a dynamic batch). Anything else goes through ASGI as before: a request pipelined
-  behind one still being answered, or sent while the client is not reading its answers (the transport's buffer
-  full: ASGI's way waits for it to drain, and further requests wait), one that expects `100-continue`, is chunked
-  or compressed, has more than `_DIRECT_MAX_BODY` bytes or more than the server's `--max-request-bytes` (ASGI's
-  way answers 413), or names its client in forwarding headers while the access log is on.
+- An inference request (a POST to an inference route of the app, or to generate's: `OipApp.direct`) with a small
+  body of a declared length is answered here, without ASGI: its body is collected as it arrives and handed, whole,
+  to the route's answer (the one the app's ASGI route calls too: the same decoding, data plane, errors, metrics and
+  access log); the answer is written as one piece, or, for a stream of events, its head and then each piece as one
+  chunk as it comes (a task; waiting while the transport's buffer is full; stopped, its source closed, as soon as
+  the connection is lost). ASGI's per-request scope, messages and task, the framework's request object and a write
+  per message cost a tenth to a fifth of a small inference's CPU (bench/ab.py: simple REST 0.91x, text REST binary
+  0.78x, a batched model 0.87x, generate 0.84x, generate_stream 0.82x); here the answer runs in the protocol's
+  callback, and a task is made only if it has to wait (a model in a worker thread, a dynamic batch). Anything else
+  goes through ASGI as before: a request pipelined behind one still being answered, or sent while the client is
+  not reading its answers (the transport's buffer full: ASGI's way waits for it to drain, and further requests
+  wait), one that expects `100-continue`, is chunked or compressed, has more than `_DIRECT_MAX_BODY` bytes or more
+  than the server's `--max-request-bytes` (ASGI's way answers 413), or names its client in forwarding headers
+  while the access log is on.
 
 Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
 400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
@@ -53,11 +55,11 @@ import logging
 import time
 import types
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Final, Protocol
 
 import orjson
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from .infer_codec import BinaryParts
 
@@ -100,6 +102,21 @@ class _Event:
 
 
 _NO_EVENT: Final = _Event()
+
+
+class _StopStream(_Event):
+    """A streamed answer's cycle's event: the connection lost (uvicorn sets it then) stops the stream's task at
+    once, not at its next piece (a model may take long to give it)."""
+
+    __slots__ = ("cycle", "task")
+
+    def __init__(self, cycle: _Direct, task: asyncio.Task[None]) -> None:
+        self.cycle = cycle
+        self.task = task
+
+    def set(self) -> None:
+        if self.cycle.disconnected:
+            self.task.cancel()
 
 
 class _Direct:
@@ -374,16 +391,29 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
 
         def _respond(self, cycle: _Direct, response: Response) -> None:
             """Write `response` (its status line and headers, the server's own, and its body or parts as one piece),
-            count and log it, and let the connection go on."""
+            count and log it, and let the connection go on; a streamed one goes on in a task of its own."""
             status = response.status_code
             head: list[bytes | memoryview] = [STATUS_LINE[status]]
             for name, value in self.server_state.default_headers:
                 head += (name, b": ", value, b"\r\n")
             for name, value in response.raw_headers:
                 head += (name, b": ", value, b"\r\n")
+            streamed = type(response) is StreamingResponse
+            if streamed:
+                head.append(b"transfer-encoding: chunked\r\n")
             if not cycle.keep_alive:
                 head.append(b"connection: close\r\n")
             head.append(b"\r\n")
+            if streamed:
+                cycle.response_started = True
+                if not cycle.disconnected:
+                    self.transport.writelines(head)
+                pieces = response.body_iterator  # type: ignore[attr-defined]
+                task = self.loop.create_task(self._stream(cycle, pieces))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)  # shutting down waits for it, as for uvicorn's own
+                cycle.message_event = _StopStream(cycle, task)
+                return
             if type(response) is BinaryParts:
                 sent = response.size
                 head += response.parts
@@ -394,6 +424,38 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
             if not cycle.disconnected:
                 self.transport.writelines(head)
             self._complete(cycle, status, sent)
+
+        async def _stream(self, cycle: _Direct, pieces: AsyncIterator[bytes | str]) -> None:
+            """Write a streamed answer's pieces as they come, each one chunk, waiting while the client does not read;
+            stop when the client goes away (the pieces' source is closed: a model's generator ends with it)."""
+            sent = 0
+            try:
+                async for piece in pieces:
+                    if self.flow.write_paused and not cycle.disconnected:
+                        await self.flow.drain()
+                    if cycle.disconnected:
+                        break
+                    data = piece.encode() if isinstance(piece, str) else piece
+                    if data:
+                        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        sent += len(data)
+                else:
+                    if not cycle.disconnected:
+                        self.transport.write(b"0\r\n\r\n")
+            except asyncio.CancelledError:  # the client went away, or the server stops without waiting any longer
+                cycle.keep_alive = False
+                raise
+            except BaseException:  # the answer has started: the connection closes unfinished
+                log.exception("streaming an answer failed")
+                cycle.keep_alive = False
+                raise
+            finally:
+                aclose = getattr(pieces, "aclose", None)
+                try:
+                    if aclose is not None:
+                        await aclose()
+                finally:
+                    self._complete(cycle, 200, sent)
 
         def _fail(self, cycle: _Direct) -> None:
             """Answer 500 to a request whose answer broke (it answers its own errors: this is a defect)."""

@@ -40,9 +40,9 @@ from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoin
 from .handlers import (
     Handler,
     error_response,
-    json_answer,
     json_handler,
     message_handler,
+    rest_only_answer,
     tensor_answer,
     tensor_handler,
 )
@@ -247,8 +247,8 @@ def create_app(
             handler = json_handler(dataplane, settings, endpoint)
             pattern = _path_pattern(endpoint.path)
             app.fast_routes += ((endpoint.method, pattern, handler),)
-            if endpoint.method == "POST" and not endpoint.events:  # events go out over ASGI
-                answer = json_answer(dataplane, settings, endpoint)
+            if endpoint.method == "POST":
+                answer = rest_only_answer(dataplane, settings, endpoint)
                 app.direct_routes += ((pattern, endpoint.operation, tuple(endpoint.params), answer),)
         elif endpoint.operation in TENSOR_OPERATIONS:
             answer = tensor_answer(dataplane, settings, endpoint, repository, tracing)

@@ -39,7 +39,7 @@ from .endpoints import Endpoint, RestOnlyEndpoint
 from .http import BUFFER_BODIES, Answer
 from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response
 
-__all__ = ["HTTP_STATUS", "Handler", "error_response", "json_answer", "json_handler", "message_handler",
+__all__ = ["HTTP_STATUS", "Handler", "error_response", "json_handler", "message_handler", "rest_only_answer",
            "tensor_answer", "tensor_handler"]
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -127,31 +127,36 @@ def message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
 
 
 def json_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnlyEndpoint) -> Handler:
-    """A REST-only route's handler over ASGI: the body read whole, then its plain JSON answer (`json_answer`) or
-    its events."""
-    if not endpoint.events:
-        answer = json_answer(dataplane, settings, endpoint)
-
-        async def handle_json(request: Request) -> Response:
-            request.scope["oip_operation"] = endpoint.operation
-            try:
-                raw = await read_body(request, settings.max_request_bytes)
-            except Exception as exc:
-                return error_response(exc, settings)
-            fields = {field: request.path_params[name] for name, field in endpoint.params}
-            return await answer(fields, raw, request.scope["headers"], False)
-
-        return handle_json
-
-    call: Callable[[dict[str, str], dict[str, Any]], AsyncIterator[dict[str, Any]]] = getattr(
-        dataplane, endpoint.operation)
+    """A REST-only route's handler over ASGI: the body read whole, then the route's answer (`rest_only_answer`)."""
+    answer = rest_only_answer(dataplane, settings, endpoint)
 
     async def handle(request: Request) -> Response:
         request.scope["oip_operation"] = endpoint.operation
         try:
-            fields = {field: request.path_params[name] for name, field in endpoint.params}
             raw = await read_body(request, settings.max_request_bytes)
-            answers = call(fields, _json_object(raw) if raw.strip() else {})
+        except Exception as exc:
+            return error_response(exc, settings)
+        fields = {field: request.path_params[name] for name, field in endpoint.params}
+        return await answer(fields, raw, request.scope["headers"], False)
+
+    return handle
+
+
+def rest_only_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnlyEndpoint) -> Answer:
+    """A REST-only route's answer (`Answer`, which the HTTP layer also calls without ASGI): the body as a JSON
+    object (none: `{}`) to the data plane with the path fields; its answer as JSON, or its answers as server-sent
+    events (a `StreamingResponse`, once the first is known: an error before it is an ordinary error answer)."""
+    call: Callable[[dict[str, str], dict[str, Any]], Any] = getattr(dataplane, endpoint.operation)
+    events = endpoint.events
+
+    async def answer(fields: dict[str, Any], raw: bytes | memoryview, headers: Sequence[tuple[bytes, bytes]],
+                     parts: bool) -> Response:
+        try:
+            data = bytes(raw)
+            body = _json_object(data) if data.strip() else {}
+            if not events:
+                return _json(await call(fields, body))
+            answers: AsyncIterator[dict[str, Any]] = call(fields, body)
             try:
                 first = await anext(answers)
             except StopAsyncIteration:
@@ -160,22 +165,6 @@ def json_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnl
                 await _close(answers)
                 raise
             return StreamingResponse(_events(first, answers), media_type=_EVENTS)
-        except Exception as exc:
-            return error_response(exc, settings)
-
-    return handle
-
-
-def json_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnlyEndpoint) -> Answer:
-    """A REST-only route's answer in plain JSON (`Answer`, which the HTTP layer also calls without ASGI): the body
-    as a JSON object (none: `{}`) to the data plane with the path fields, its answer as JSON."""
-    call: Callable[[dict[str, str], dict[str, Any]], Awaitable[Any]] = getattr(dataplane, endpoint.operation)
-
-    async def answer(fields: dict[str, Any], raw: bytes | memoryview, headers: Sequence[tuple[bytes, bytes]],
-                     parts: bool) -> Response:
-        try:
-            data = bytes(raw)
-            return _json(await call(fields, _json_object(data) if data.strip() else {}))
         except Exception as exc:
             return error_response(exc, settings)
 
