@@ -409,7 +409,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                 if not cycle.disconnected:
                     self.transport.writelines(head)
                 pieces = response.body_iterator  # type: ignore[attr-defined]
-                task = self.loop.create_task(self._stream(cycle, pieces))
+                task = self.loop.create_task(self._stream(cycle, status, pieces))
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)  # shutting down waits for it, as for uvicorn's own
                 cycle.message_event = _StopStream(cycle, task)
@@ -425,7 +425,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                 self.transport.writelines(head)
             self._complete(cycle, status, sent)
 
-        async def _stream(self, cycle: _Direct, pieces: AsyncIterator[bytes | str]) -> None:
+        async def _stream(self, cycle: _Direct, status: int, pieces: AsyncIterator[bytes | str]) -> None:
             """Write a streamed answer's pieces as they come, each one chunk, waiting while the client does not read;
             stop when the client goes away (the pieces' source is closed: a model's generator ends with it)."""
             sent = 0
@@ -455,7 +455,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                     if aclose is not None:
                         await aclose()
                 finally:
-                    self._complete(cycle, 200, sent)
+                    self._complete(cycle, status, sent)
 
         def _fail(self, cycle: _Direct) -> None:
             """Answer 500 to a request whose answer broke (it answers its own errors: this is a defect)."""
