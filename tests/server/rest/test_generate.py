@@ -123,6 +123,17 @@ def test_request_id(http: httpx.Client) -> None:
     assert "'id' must be a string" in assert_error_body(generate(http, {"PROMPT": TEXT, "id": 42, "STREAM": 0}), 400)
 
 
+def test_a_large_body(http: httpx.Client) -> None:
+    """A body of 200 KB (beyond what the HTTP layer answers without ASGI, and received there into one buffer) is
+    answered as a small one, its repeated keys refused as theirs are."""
+    prompt = "x" * 200_000
+    answer = generate(http, {"PROMPT": prompt, "STREAM": False})
+    assert answer.status_code == 200 and answer.json()["TEXT"] == prompt
+    assert [e["TEXT"] for e in events(http, {"PROMPT": prompt, "STREAM": True, "REPETITION": 2})] == [prompt] * 2
+    twice = '{"PROMPT": "%s", "STREAM": false, "STREAM": true}' % prompt
+    expect_failure(http, twice, "'STREAM' appears more than once")
+
+
 def test_generate_stream(http: httpx.Client) -> None:
     got = events(http, {"PROMPT": [TEXT], "STREAM": True, "REPETITION": 3})
     assert [e["TEXT"] for e in got] == [TEXT] * 3

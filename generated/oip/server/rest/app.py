@@ -41,15 +41,7 @@ from ..observe.metrics import CONTENT_TYPE, Metric, Metrics, render
 from ..settings import Settings
 from .document import DOCUMENT
 from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoint
-from .handlers import (
-    Handler,
-    error_response,
-    json_handler,
-    message_handler,
-    rest_only_answer,
-    tensor_answer,
-    tensor_handler,
-)
+from .handlers import Handler, answer_handler, error_response, message_handler, rest_only_answer, tensor_answer
 from .http import Answer
 from .infer_codec import BinaryParts
 from .openapi import openapi_document, published_document
@@ -247,16 +239,12 @@ def create_app(
 
     every: list[Endpoint | RestOnlyEndpoint] = [*ENDPOINTS, *REST_ONLY_ENDPOINTS]
     for endpoint in sorted(every, key=_route_order):
-        if isinstance(endpoint, RestOnlyEndpoint):
-            handler = json_handler(dataplane, settings, endpoint)
-            pattern = _path_pattern(endpoint.path)
-            app.fast_routes += ((endpoint.method, pattern, handler),)
-            if endpoint.method == "POST":
-                answer = rest_only_answer(dataplane, settings, endpoint)
-                app.direct_routes += ((pattern, endpoint.operation, tuple(endpoint.params), answer),)
-        elif endpoint.operation in TENSOR_OPERATIONS:
-            answer = tensor_answer(dataplane, settings, endpoint, repository, tracing)
-            handler = tensor_handler(endpoint, answer, settings)
+        if isinstance(endpoint, RestOnlyEndpoint) or endpoint.operation in TENSOR_OPERATIONS:
+            # One answer per route, taken both ways: by the HTTP layer without ASGI (a POST's small body), and
+            # by the ASGI handler.
+            answer = rest_only_answer(dataplane, settings, endpoint) if isinstance(endpoint, RestOnlyEndpoint) \
+                else tensor_answer(dataplane, settings, endpoint, repository, tracing)
+            handler = answer_handler(endpoint, answer, settings)
             pattern = _path_pattern(endpoint.path)
             app.fast_routes += ((endpoint.method, pattern, handler),)
             if endpoint.method == "POST":

@@ -39,8 +39,8 @@ from .endpoints import Endpoint, RestOnlyEndpoint
 from .http import BUFFER_BODIES, Answer
 from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response
 
-__all__ = ["HTTP_STATUS", "Handler", "error_response", "json_handler", "message_handler", "rest_only_answer",
-           "tensor_answer", "tensor_handler"]
+__all__ = ["HTTP_STATUS", "Handler", "answer_handler", "error_response", "message_handler", "rest_only_answer",
+           "tensor_answer"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -124,22 +124,6 @@ def message_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: Endp
 
 
 # --- operations that only REST has -----------------------------------------------------------------------------
-
-
-def json_handler(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnlyEndpoint) -> Handler:
-    """A REST-only route's handler over ASGI: the body read whole, then the route's answer (`rest_only_answer`)."""
-    answer = rest_only_answer(dataplane, settings, endpoint)
-
-    async def handle(request: Request) -> Response:
-        request.scope["oip_operation"] = endpoint.operation
-        try:
-            raw = await read_body(request, settings.max_request_bytes)
-        except Exception as exc:
-            return error_response(exc, settings)
-        fields = {field: request.path_params[name] for name, field in endpoint.params}
-        return await answer(fields, raw, request.scope["headers"], False)
-
-    return handle
 
 
 def rest_only_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: RestOnlyEndpoint) -> Answer:
@@ -252,8 +236,12 @@ def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoi
     return answer
 
 
-def tensor_handler(endpoint: Endpoint, answer: Answer, settings: Settings) -> Handler:
-    """An inference route's handler over ASGI: the body read whole, then `answer`."""
+# --- the ASGI way ------------------------------------------------------------------------------------------------
+
+
+def answer_handler(endpoint: Endpoint | RestOnlyEndpoint, answer: Answer, settings: Settings) -> Handler:
+    """A route's handler over ASGI: the body read whole, then `answer`, the route's answer that the HTTP layer also
+    calls without ASGI (`tensor_answer`, `rest_only_answer`)."""
 
     async def handle(request: Request) -> Response:
         scope = request.scope
