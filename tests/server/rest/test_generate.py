@@ -130,7 +130,7 @@ def test_a_large_body(http: httpx.Client) -> None:
     answer = generate(http, {"PROMPT": prompt, "STREAM": False})
     assert answer.status_code == 200 and answer.json()["TEXT"] == prompt
     assert [e["TEXT"] for e in events(http, {"PROMPT": prompt, "STREAM": True, "REPETITION": 2})] == [prompt] * 2
-    twice = '{"PROMPT": "%s", "STREAM": false, "STREAM": true}' % prompt
+    twice = '{"PROMPT": "' + prompt + '", "STREAM": false, "STREAM": true}'
     expect_failure(http, twice, "'STREAM' appears more than once")
 
 
