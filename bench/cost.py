@@ -13,7 +13,17 @@ per request (counted by a profile hook), and with `--profile` cProfile's functio
 Requests run one at a time, except the dynamically batched model's: `--batch N` at once (default 8), so that
 batches form. Run pinned to one CPU for steady figures: `taskset -c 0 python bench/cost.py ...`.
 
+On a shared host even that moves by half between runs. `--instructions` counts instead the machine instructions a
+request takes, which no neighbour changes: each workload runs twice under valgrind's cachegrind (`apt-get install
+valgrind`), with `--requests` and with three times as many, and the difference is divided by the difference in
+requests, so start-up and loading cancel out. Repeated, a count moves by 1-2% (the interpreter's allocator, threads
+that wake at their own times; the dynamically batched workload more, its batches forming as threads run), against
+the tens of percent of the CPU time; fewer instructions is not always less time (caches), so a change still goes
+through `bench/ab.py` too. `--package DIR` measures the generated package in DIR (another build's `generated/`)
+instead of this checkout's.
+
     python bench/cost.py [--workloads simple_rest,text_grpc,...] [--requests 5000] [--profile] [--top 25]
+    python bench/cost.py --instructions [--workloads ...] [--requests 1000] [--package /tmp/base/generated]
 """
 
 from __future__ import annotations
@@ -22,7 +32,13 @@ import argparse
 import asyncio
 import concurrent.futures
 import io
+import os
+import platform
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -136,6 +152,17 @@ def _grpc(handler: Any, servicer: Any, name: str) -> Callable[[], Awaitable[None
     return one
 
 
+def _at_once(workload: str, batch: int) -> int:
+    """How many requests of `workload` run at once (see the module's description)."""
+    return batch if workload.startswith("batched") else 1
+
+
+def _rounds(requests: int, at_once: int) -> tuple[int, int]:
+    """The warm-up's rounds and the measured rounds of `requests` requests, `at_once` a round."""
+    rounds = max(1, requests // at_once)
+    return min(rounds, 500), rounds
+
+
 def measure(workloads: list[str], requests: int, batch: int, profile: bool, top: int) -> None:
     from oip.server import Assembly, ModelRepository, Settings
     from oip.server.grpc.in_thread import in_thread
@@ -150,7 +177,7 @@ def measure(workloads: list[str], requests: int, batch: int, profile: bool, top:
         handler = in_thread(assembly.dataplane.pipeline, settings, servicer.infer, "ModelInfer", None, False)
         for name in workloads:
             one = _grpc(handler, servicer, name) if "grpc" in name else _rest(app, settings, name)
-            at_once = batch if name.startswith("batched") else 1
+            at_once = _at_once(name, batch)
 
             async def step(one: Any = one, at_once: int = at_once) -> None:
                 if at_once == 1:
@@ -159,8 +186,8 @@ def measure(workloads: list[str], requests: int, batch: int, profile: bool, top:
                     await asyncio.gather(*(one() for _ in range(at_once)))
 
             await one(check=True)
-            rounds = max(1, requests // at_once)
-            for _ in range(min(rounds, 500)):
+            warm, rounds = _rounds(requests, at_once)
+            for _ in range(warm):
                 await step()
             calls = [0]
 
@@ -203,12 +230,58 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="requests at once to the dynamically batched model")
     p.add_argument("--profile", action="store_true", help="cProfile's functions with the most own time")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--instructions", action="store_true",
+                   help="machine instructions per request, counted by valgrind (see above)")
+    p.add_argument("--package", type=Path, help="the generated package's folder to measure (default: generated/)")
     args = p.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
     for name in workloads:
         if name not in loadgen.WORKLOADS:
             p.error(f"unknown workload {name!r}")
+    if args.package is not None and not (args.package / "oip" / "__init__.py").is_file():
+        p.error(f"{args.package} holds no generated package (oip/)")
+    if args.instructions or args.package is not None:
+        if args.instructions and shutil.which("valgrind") is None:
+            p.error("--instructions needs valgrind (apt-get install valgrind)")
+        return _in_child(workloads, args)
     measure(workloads, args.requests, args.batch, args.profile, args.top)
+    return 0
+
+
+def _in_child(workloads: list[str], args: argparse.Namespace) -> int:
+    """Measure in child processes: over `args.package` (by its path), and with `args.instructions` under valgrind,
+    each workload at `args.requests` and three times as many (see the module's description)."""
+    # Steadier counts: one hash seed; no OpenBLAS threads (they spin for a while at numpy's import, a varying number
+    # of instructions; no workload here calls BLAS).
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    if args.package is not None:
+        env["PYTHONPATH"] = str(args.package.resolve())
+    for name in workloads:
+        own = [sys.executable, str(Path(__file__).resolve()), "--workloads", name, "--batch", str(args.batch)]
+        if not args.instructions:
+            done = subprocess.run([*own, "--requests", str(args.requests)], env=env, check=False)
+            if done.returncode:
+                return done.returncode
+            continue
+        counts = []
+        for requests in (args.requests, 3 * args.requests):
+            with tempfile.TemporaryDirectory() as scratch:
+                # Without address randomization (setarch -R) where it can be turned off: dicts keyed by `id()`
+                # and the allocator's arenas then lie out the same in every run.
+                steady = ["setarch", platform.machine(), "-R"] if shutil.which("setarch") else []
+                grind = [*steady, "valgrind", "--tool=cachegrind", "--cache-sim=no",
+                         f"--cachegrind-out-file={Path(scratch) / 'out'}"]
+                done = subprocess.run([*grind, *own, "--requests", str(requests)], env=env, capture_output=True,
+                                      text=True, check=False)
+            found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+            if done.returncode or found is None:
+                print(done.stdout + done.stderr[-2000:], file=sys.stderr)
+                return done.returncode or 1
+            counts.append(int(found.group(1).replace(",", "")))
+        at_once = _at_once(name, args.batch)
+        served = [at_once * sum(_rounds(requests, at_once)) for requests in (args.requests, 3 * args.requests)]
+        per_request = (counts[1] - counts[0]) / (served[1] - served[0])
+        print(f"{name:24s} {per_request:10,.0f} instructions/request", flush=True)
     return 0
 
 

@@ -644,6 +644,36 @@ def test_cost_runs_rest_requests_through_the_servers_http_layer() -> None:
     assert [line.split()[0] for line in done.stdout.splitlines()] == list(workloads)
 
 
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="bench/cost.py --instructions needs valgrind")
+def test_cost_counts_the_instructions_a_request_takes(tmp_path: Path) -> None:
+    """`cost.py --instructions --package DIR` counts the instructions per request of the package in DIR: a copy of
+    ours whose lean gRPC way does more work per request (a sum over 5,000 numbers) counts that much more than ours,
+    and ours counts the same twice over (start-up and loading cancel out)."""
+    heavier = tmp_path / "heavier"
+    shutil.copytree(ROOT / "generated" / "oip", heavier / "oip")
+    with (heavier / "oip" / "server" / "grpc" / "in_thread.py").open("a") as module:
+        module.write("\n_lean_call = UnaryInfer.__call__\n"
+                     "UnaryInfer.__call__ = lambda self, *a, **k: (sum(range(5000)), _lean_call(self, *a, **k))[1]\n")
+
+    def count(package: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, str(BENCH / "cost.py"), "--instructions", "--workloads", "simple_grpc",
+                                 "--requests", "60", "--package", str(package)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    running = [count(ROOT / "generated"), count(heavier), count(ROOT / "generated")]
+    counts = []
+    for process in running:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        name, figure, unit = out.split()
+        assert (name, unit) == ("simple_grpc", "instructions/request")
+        counts.append(int(figure.replace(",", "")))
+    ours, more, again = counts
+    assert 20_000 < ours < 2_000_000
+    assert abs(again - ours) < 0.05 * ours
+    assert more - ours > 20_000  # 5,000 additions of the interpreter: several instructions each
+
+
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """Triton as `make bench` runs it, from bench/setup.sh's Triton step (run here when bench/.cache lacks it)."""

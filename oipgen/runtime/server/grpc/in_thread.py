@@ -192,7 +192,10 @@ class UnaryInfer:
                 if spec.itemsize and spec.dtype is not _BOOL:  # fixed-size numbers: a view of the bytes as they are
                     if len(data) != elements * spec.itemsize:
                         return None
-                    given[spec.index] = np.frombuffer(data, dtype=spec.dtype).reshape(shape)
+                    try:  # one call, where `frombuffer(...).reshape(...)` makes two arrays
+                        given[spec.index] = np.ndarray(shape, spec.dtype, data)
+                    except (TypeError, ValueError):  # a shape numpy cannot hold: the general way's to refuse
+                        return None
                     continue
                 decode: Callable[..., Any] = codec.from_raw
             elif tensor.HasField("contents"):
