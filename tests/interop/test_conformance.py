@@ -171,7 +171,7 @@ BROKEN = {
            for transport in ("rest", "grpc")},
     ),
     "id": (  # over REST only: the gRPC answer is written elsewhere
-        'body["id"] = response.id', "pass  # the request's id dropped",
+        'body["id"] = request_id\n    if parameters:', "pass  # the request's id dropped\n    if parameters:",
         {("infer_simple_id", "", "rest")} | {("infer.id", model, "rest") for model in ("simple", "identity_fp32")},
     ),
     "statistics": (

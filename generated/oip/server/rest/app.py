@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from ... import framing
 from ..core.dataplane_base import TENSOR_OPERATIONS, DataPlaneBase
+from ..core.pipeline import Pipeline
 from ..core.repository import ModelRepository
 from ..errors import OipError
 from ..observe.access_log import log_access
@@ -44,6 +45,7 @@ from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoin
 from .handlers import Handler, answer_handler, error_response, message_handler, rest_only_answer, tensor_answer
 from .http import Answer
 from .infer_codec import BinaryParts
+from .lean import JsonInfer
 from .openapi import openapi_document, published_document
 
 __all__ = ["OipApp", "create_app", "metrics_app"]
@@ -187,14 +189,17 @@ def create_app(
     metrics: Metrics | None = None,
     scrape: Callable[[], Awaitable[list[Metric]]] | None = None,
     tracing: bool = False,
+    pipeline: Pipeline | None = None,
 ) -> OipApp:
     """The REST app: one route per REST operation of the spec, answered by `dataplane`.
 
     `enabled`: the extensions served (None: every one), whose operations the published document lists;
     `repository`: where the ready models of the document come from, and where an inference route looks its model
     up first; `metrics`: what counts every answer, and `scrape` what answers GET /metrics (both: metrics on);
-    `tracing`: inference requests carry the caller's trace context.
+    `tracing`: inference requests carry the caller's trace context; `pipeline` (the data plane's): the common
+    JSON inference request takes the lean way (`rest.lean`).
     """
+    lean = JsonInfer(pipeline) if pipeline is not None else None
     app = OipApp(
         title=str(DOCUMENT.get("info", {}).get("title", "Open Inference Protocol")),
         version=str(DOCUMENT.get("info", {}).get("version", "")),
@@ -243,7 +248,8 @@ def create_app(
             # One answer per route, taken both ways: by the HTTP layer without ASGI (a POST's small body), and
             # by the ASGI handler.
             answer = rest_only_answer(dataplane, settings, endpoint) if isinstance(endpoint, RestOnlyEndpoint) \
-                else tensor_answer(dataplane, settings, endpoint, repository, tracing)
+                else tensor_answer(dataplane, settings, endpoint, repository, tracing,
+                                   lean if endpoint.operation == "model_infer" else None)
             handler = answer_handler(endpoint, answer, settings)
             pattern = _path_pattern(endpoint.path)
             app.fast_routes += ((endpoint.method, pattern, handler),)

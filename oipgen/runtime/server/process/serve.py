@@ -96,7 +96,7 @@ class Assembly:
         metrics = self.observing.metrics
         return create_app(self.dataplane, self.settings, enabled=self.dataplane.enabled, repository=self.repository,
                           metrics=metrics, scrape=self.dataplane.metric_families if metrics is not None else None,
-                          tracing=self.tracing)
+                          tracing=self.tracing, pipeline=self.dataplane.pipeline)
 
     def servicer(self) -> Servicer:
         """The gRPC servicer (`grpc.service.Servicer`), for a server of one's own (as Ray's gRPC proxy)."""

@@ -37,7 +37,8 @@ from ..types import InferRequest, InferResponse
 from .body import HEADER_LENGTH, header_value, json_kind, parse_json, read_body
 from .endpoints import Endpoint, RestOnlyEndpoint
 from .http import BUFFER_BODIES, Answer
-from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response
+from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response, parse_infer_body
+from .lean import JsonInfer
 
 __all__ = ["HTTP_STATUS", "Handler", "answer_handler", "error_response", "message_handler", "rest_only_answer",
            "tensor_answer"]
@@ -196,15 +197,25 @@ async def _close(answers: AsyncIterator[Any]) -> None:
 
 
 def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoint,
-                  repository: ModelRepository | None, tracing: bool) -> Answer:
+                  repository: ModelRepository | None, tracing: bool, lean: JsonInfer | None = None) -> Answer:
     """An inference route's answer (`Answer`): with `repository`, an unknown model is refused before a body that
-    does not decode; with `tracing`, the caller's trace context goes with the request."""
+    does not decode; with `tracing`, the caller's trace context goes with the request; with `lean`, a JSON body
+    tries the lean way first (`rest.lean`)."""
     call: Callable[[InferRequest], Awaitable[InferResponse]] = getattr(dataplane, endpoint.operation)
+
+    def model_first(fields: dict[str, Any]) -> None:
+        """The model the path names first (404 unknown, 503 not ready), when the body does not decode: its meaning
+        depends on the model. A body that decodes goes on to the data plane, which looks the model up before
+        anything else."""
+        if repository is not None:
+            repository.get(fields.get("model_name", ""), fields.get("model_version", ""))
 
     async def answer(fields: dict[str, Any], raw: bytes | memoryview, headers: Sequence[tuple[bytes, bytes]],
                      parts: bool) -> Response:
         try:
             header_length = header_value(headers, HEADER_LENGTH)
+            trace = carrier(lambda name: header_value(headers, name.encode("latin-1"))) if tracing else None
+            infer_request: InferRequest | None = None
             try:
                 if header_length is not None and not binary_enabled(settings):
                     raise Unimplemented(NO_BINARY)
@@ -215,19 +226,24 @@ def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoi
                     listed: dict[str, bool] = {}
                     default_binary = True
                 else:
-                    infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings)
+                    parsed = parse_infer_body(raw, header_length)
             except Exception:
-                if repository is not None:
-                    # The model the path names first (404 unknown, 503 not ready), whatever the body: the
-                    # body's meaning depends on the model. A body that decodes goes on to the data plane, which
-                    # looks the model up before anything else.
-                    repository.get(fields.get("model_name", ""), fields.get("model_version", ""))
+                model_first(fields)
                 raise
+            if infer_request is None:
+                if lean is not None and header_length is None:
+                    quick = await lean(fields, parsed[0], trace)
+                    if quick is not None:
+                        return quick
+                try:
+                    infer_request, listed, default_binary = decode_infer_request(raw, header_length, settings, parsed)
+                except Exception:
+                    model_first(fields)
+                    raise
             for field, value in fields.items():
                 setattr(infer_request, field, value)
             infer_request.transport = "rest"
-            if tracing:
-                infer_request.trace = carrier(lambda name: header_value(headers, name.encode("latin-1")))
+            infer_request.trace = trace
             response = await call(infer_request)
             return encode_infer_response(response, listed, default_binary, parts=parts)
         except Exception as exc:

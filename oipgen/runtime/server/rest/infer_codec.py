@@ -27,7 +27,17 @@ from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .body import json_kind, parse_json
 from .endpoints import ENDPOINTS
 
-__all__ = ["NO_BINARY", "BinaryParts", "binary_enabled", "decode_infer_request", "encode_infer_response"]
+__all__ = [
+    "NO_BINARY",
+    "BinaryParts",
+    "answer_body",
+    "binary_enabled",
+    "decode_infer_request",
+    "encode_infer_response",
+    "json_answer",
+    "json_output",
+    "parse_infer_body",
+]
 
 _BINARY_OUTPUT: Final = framing.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
 _BINARY_SIZE: Final = framing.BINARY_DATA_SIZE  # input and output parameters: bytes in the binary part
@@ -115,22 +125,29 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool | None:
     return value
 
 
-def decode_infer_request(
-    raw: bytes | memoryview, header_length: str | None, settings: Settings
-) -> tuple[InferRequest, dict[str, bool], bool]:
-    """Decode an inference body: JSON, or a JSON header followed by binary tensor data.
-
-    Returns the request (model name and version still empty: they come from the path), whether each listed
-    output is wanted as binary data, and the binary default for outputs the request does not list.
-    """
+def parse_infer_body(raw: bytes | memoryview, header_length: str | None) -> tuple[Any, memoryview | None]:
+    """An inference body's JSON (parsed: any JSON value) and its binary part (None without a header length)."""
     try:
         head, rest = framing.split(raw, header_length)
     except framing.FramingError as exc:
         raise InvalidRequest(str(exc)) from None
-    binary = framing.BinaryData(rest)
     if not len(head):
         raise InvalidRequest("the request body is empty; expected a JSON inference request")
-    doc = parse_json(head, "the inference request")
+    return parse_json(head, "the inference request"), rest
+
+
+def decode_infer_request(
+    raw: bytes | memoryview, header_length: str | None, settings: Settings,
+    parsed: tuple[Any, memoryview | None] | None = None,
+) -> tuple[InferRequest, dict[str, bool], bool]:
+    """Decode an inference body: JSON, or a JSON header followed by binary tensor data (`parsed`: what
+    `parse_infer_body` made of it already).
+
+    Returns the request (model name and version still empty: they come from the path), whether each listed
+    output is wanted as binary data, and the binary default for outputs the request does not list.
+    """
+    doc, rest = parse_infer_body(raw, header_length) if parsed is None else parsed
+    binary = framing.BinaryData(rest)
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the inference request must be a JSON object, got {json_kind(doc)}")
     _no_null(doc, _REQUEST_FIELDS, "the inference request")
@@ -222,36 +239,59 @@ def encode_infer_response(
     outputs: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     for tensor in response.outputs:
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         parameters = dict(tensor.parameters)
-        binary = listed.get(tensor.name, default_binary)
-        if tensor.data is None:  # written to shared memory: no data here, as Triton answers
-            if parameters:
-                entry["parameters"] = parameters
-        elif binary:
+        if tensor.data is not None and not listed.get(tensor.name, default_binary):
+            outputs.append(json_output(tensor.name, tensor.datatype, tensor.shape, tensor.data, parameters))
+            continue
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if tensor.data is not None:  # binary
             data = _raw_data(tensor)
             size = parameters[_BINARY_SIZE] = framing.size_of(data)
             if size:
                 chunks.append(data)
             entry["parameters"] = parameters
-        else:
-            if parameters:
-                entry["parameters"] = parameters
-            entry["data"] = _json_data(tensor)
+        elif parameters:  # written to shared memory: no data here, as Triton answers
+            entry["parameters"] = parameters
         outputs.append(entry)
-    body: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
-    if response.id:
-        body["id"] = response.id
-    if response.parameters:
-        body["parameters"] = response.parameters
-    body["outputs"] = outputs
-    try:
-        header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError as exc:
-        raise ModelFailure(f"the model's response cannot be written as JSON: {exc}") from None
+    header = _header(answer_body(response.model_name, response.model_version, response.id, response.parameters,
+                                 outputs))
     if parts and sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
         return BinaryParts(header, chunks)
     return _Answer(*framing.join_raw(header, chunks))
+
+
+def answer_body(model_name: str, model_version: str, request_id: str, parameters: dict[str, Any] | None,
+                outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """An inference answer's JSON: the model, the request's id and the response parameters if any, the outputs."""
+    body: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id:
+        body["id"] = request_id
+    if parameters:
+        body["parameters"] = parameters
+    body["outputs"] = outputs
+    return body
+
+
+def json_output(name: str, datatype: str, shape: list[int], data: npt.NDArray[Any] | None,
+                parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An output of the answer with its data as JSON (`parameters`, if any, before it)."""
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+    if parameters:
+        entry["parameters"] = parameters
+    entry["data"] = _json_data(name, datatype, data)
+    return entry
+
+
+def json_answer(body: dict[str, Any]) -> Response:
+    """The answer whose whole body is the JSON `body` (every output's data in it)."""
+    return _Answer(*framing.join_raw(_header(body), []))
+
+
+def _header(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:
+        raise ModelFailure(f"the model's response cannot be written as JSON: {exc}") from None
 
 
 class _Answer(Response):
@@ -297,15 +337,14 @@ def _raw_data(tensor: Tensor) -> bytes | memoryview:
         raise ModelFailure(str(exc)) from None
 
 
-def _json_data(tensor: Tensor) -> npt.NDArray[Any] | list[Any]:
+def _json_data(name: str, datatype: str, data: npt.NDArray[Any] | None) -> npt.NDArray[Any] | list[Any]:
     """Flat JSON `data` of an output: the array itself where orjson writes it as `to_json` would, else a list."""
-    info = datatypes.BY_NAME.get(tensor.datatype)
+    info = datatypes.BY_NAME.get(datatype)
     if info is not None and not info.json:
         raise InvalidRequest(
-            f"output '{tensor.name}': sending {info.name} data via JSON is not supported; ask for it as binary data "
+            f"output '{name}': sending {info.name} data via JSON is not supported; ask for it as binary data "
             "(binary_data: true)"
         )
-    data = tensor.data
     if data is None:
         return []
     if info is not None and isinstance(data, np.ndarray) and data.dtype == info.dtype and info.dtype.isnative:
@@ -315,6 +354,6 @@ def _json_data(tensor: Tensor) -> npt.NDArray[Any] | list[Any]:
         if kind == "f":  # float32: widened, so the numbers read exactly as Python floats print them
             return data.astype(np.float64).reshape(-1)
     try:
-        return codec.to_json(data, tensor.datatype, name=tensor.name)
+        return codec.to_json(data, datatype, name=name)
     except codec.CodecError as exc:
         raise ModelFailure(str(exc)) from None
