@@ -281,3 +281,43 @@ def test_the_servers_app_takes_the_lean_way_for_the_common_request_only(monkeypa
     lean, general_way = asyncio.run(main())
     assert lean[2] == 0 and general_way[2] == 1
     assert lean[:2] == general_way[:2] and lean[0] == 200
+
+
+def test_a_data_plane_that_answers_inference_its_own_way_gets_every_request() -> None:
+    """A `DataPlane` subclass that overrides `model_infer` is reached by the common request over both transports:
+    neither lean way goes around it."""
+    import grpc
+    from oip.grpc import grpc_service_pb2 as pb
+    from oip.grpc import grpc_service_pb2_grpc as rpc
+
+    class Marking(DataPlane):
+        async def model_infer(self, request: Any) -> Any:
+            response = await super().model_infer(request)
+            response.id = "marked"
+            return response
+
+    async def main() -> tuple[str, str]:
+        repository = ModelRepository()
+        repository.add(Simple())
+        await repository.load_all()
+        assembly = Assembly.build(repository, Settings(), dataplane=Marking)
+        assert assembly.lean is None and Assembly.build(repository, Settings()).lean is not None
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=assembly.rest_app()),
+                                     base_url="http://oip") as client:
+            rest = (await client.post("/v2/models/simple/infer", json=simple())).json()["id"]
+        server = assembly.grpc_server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            message = pb.ModelInferRequest(model_name="simple")
+            for name, values in (("INPUT0", A), ("INPUT1", B)):
+                message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+                message.raw_input_contents.append(np.array(values, np.int32).tobytes())
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                reply = await rpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=30)
+        finally:
+            server.stop(None)
+        await repository.unload_all()
+        return rest, reply.id
+
+    assert asyncio.run(main()) == ("marked", "marked")

@@ -33,6 +33,7 @@ import uvicorn
 from ..core import model_control
 from ..core.dataplane import DataPlane
 from ..core.invoke import set_model_threads
+from ..core.pipeline import Pipeline
 from ..core.repository import ModelRepository
 from ..grpc import Servicer
 from ..grpc.server import create_server
@@ -95,12 +96,21 @@ class Assembly:
     def tracing(self) -> bool:
         return self.observing.tracing is not None
 
+    @property
+    def lean(self) -> Pipeline | None:
+        """The pipeline the transports' lean ways of inference run over (`rest.lean`, `grpc.in_thread`): the data
+        plane's, unless its class answers inference its own way (it overrides `model_infer`): then every request
+        goes to that."""
+        if type(self.dataplane).model_infer is not DataPlane.model_infer:
+            return None
+        return self.dataplane.pipeline
+
     def rest_app(self) -> OipApp:
         """The REST app (`rest.app.create_app`)."""
         metrics = self.observing.metrics
         return create_app(self.dataplane, self.settings, enabled=self.dataplane.enabled, repository=self.repository,
                           metrics=metrics, scrape=self.dataplane.metric_families if metrics is not None else None,
-                          tracing=self.tracing, pipeline=self.dataplane.pipeline)
+                          tracing=self.tracing, pipeline=self.lean)
 
     def servicer(self) -> Servicer:
         """The gRPC servicer (`grpc.service.Servicer`), for a server of one's own (as Ray's gRPC proxy)."""
@@ -108,7 +118,7 @@ class Assembly:
 
     def grpc_server(self) -> grpc.Server:
         """The gRPC server (`grpc.server.create_server`); call from the event loop."""
-        return create_server(self.servicer(), pipeline=self.dataplane.pipeline, metrics=self.observing.metrics)
+        return create_server(self.servicer(), pipeline=self.lean, metrics=self.observing.metrics)
 
     def metrics_app(self) -> Any:
         """The `--metrics-port` listener (`rest.app.metrics_app`)."""

@@ -9,7 +9,8 @@ Handlers only decode, call the data plane and encode; every rule of the protocol
   `convert.request_to_proto`; the reply goes back through `convert.proto_to_rest`. A health answer whose flag is
   false gets the not-ready status (`Settings.not_ready_status`) with the same body.
 - Inference (`infer_codec`): the body decoded to the data plane's tensors, its answer encoded back; the caller's
-  W3C trace context (`traceparent`, `tracestate` headers) travels with the request when tracing is on.
+  W3C trace context (`traceparent`, `tracestate` headers) travels with the request when tracing is on. The common
+  JSON request takes the lean way first (`lean`), which leaves any other to this one untouched.
 - Operations that only REST has (Triton's generate extension): the JSON body must be an object without repeated
   keys; the data plane gets the path fields and the body and answers plain JSON, or an iterator of JSON answers
   sent as server-sent events (`data: <json>`). An error before the first event is an ordinary error answer; after
