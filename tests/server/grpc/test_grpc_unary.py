@@ -19,89 +19,19 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
+from lean_models import Answers, Arrays, Async, Batching, Flags, Rows, Simple, Texts
 from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
-from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings, TensorSpec
+from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings
 from oip.server.grpc import decode_infer_request, encode_infer_response
 from oip.server.grpc.in_thread import UnaryInfer
 from oip.server.model import DynamicBatching
 from oip.server.observe.events import ExecutionRecord, InferenceRecord, Observer
 
-Arrays = dict[str, npt.NDArray[Any]]
 TIMEOUT = 30.0
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.full((1, 16), 3, dtype=np.int32)
-
-
-class Simple(Model):
-    name = "simple"
-    inputs = (TensorSpec("INPUT0", "INT32", [1, 16]), TensorSpec("INPUT1", "INT32", [1, 16]))
-    outputs = (TensorSpec("OUTPUT0", "INT32", [1, 16]), TensorSpec("OUTPUT1", "INT32", [1, 16]))
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        a, b = inputs["INPUT0"], inputs["INPUT1"]
-        return {"OUTPUT0": np.add(a, b, dtype=np.int32), "OUTPUT1": np.subtract(a, b, dtype=np.int32)}
-
-
-class Answers(Model):
-    """Answers whatever `answer(inputs)` returns: FP32 [-1] in, OUT FP32 [-1] out."""
-
-    inputs = (TensorSpec("IN", "FP32", [-1]),)
-    outputs = (TensorSpec("OUT", "FP32", [-1]),)
-
-    def __init__(self, name: str, answer: Callable[[Arrays], Any], **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.answer = answer
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        return self.answer(inputs)
-
-
-class Async(Simple):
-    name = "async_simple"
-
-    async def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:  # type: ignore[override]
-        return Simple.infer(self, inputs, parameters)
-
-
-class Batching(Simple):
-    name = "batching"
-    inputs = (TensorSpec("INPUT0", "INT32", [16]), TensorSpec("INPUT1", "INT32", [16]))
-    outputs = (TensorSpec("OUTPUT0", "INT32", [16]), TensorSpec("OUTPUT1", "INT32", [16]))
-    max_batch_size = 4
-    dynamic_batching = DynamicBatching()
-
-
-class Flags(Model):
-    name = "flags"
-    inputs = (TensorSpec("IN", "BOOL", [2]),)
-    outputs = (TensorSpec("OUT", "BOOL", [2]),)
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        return {"OUT": inputs["IN"]}
-
-
-class Texts(Model):
-    """BYTES in, each string upper-cased out; the parameters it saw as its response parameters."""
-
-    name = "texts"
-    inputs = (TensorSpec("IN", "BYTES", [-1]),)
-    outputs = (TensorSpec("OUT", "BYTES", [-1]),)
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        out = {"OUT": np.array([bytes(s).upper() for s in inputs["IN"]], dtype=object)}
-        return (out, dict(parameters)) if parameters else out
-
-
-class Rows(Simple):
-    """`simple` over rows: a model that batches (max_batch_size 4), without dynamic batching."""
-
-    name = "rows"
-    inputs = Batching.inputs
-    outputs = Batching.outputs
-    max_batch_size = 4
 
 
 def run(coro: Any) -> Any:

@@ -11,85 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
-from oip.server import Assembly, DataPlane, Model, ModelFailure, ModelRepository, Settings, TensorSpec
-from oip.server.model import DynamicBatching
+from lean_models import Answers, Async, Batching, Flags, Rows, Simple, Texts
+from oip.server import Assembly, DataPlane, Model, ModelFailure, ModelRepository, Settings
 from oip.server.rest import handlers
 from oip.server.rest.endpoints import ENDPOINTS
 from oip.server.rest.handlers import tensor_answer
 from oip.server.rest.lean import JsonInfer
 
-Arrays = dict[str, npt.NDArray[Any]]
 A = list(range(16))
 B = [3] * 16
 INFER = next(e for e in ENDPOINTS if e.operation == "model_infer" and "model_version" not in e.path)
-
-
-class Simple(Model):
-    name = "simple"
-    inputs = (TensorSpec("INPUT0", "INT32", [1, 16]), TensorSpec("INPUT1", "INT32", [1, 16]))
-    outputs = (TensorSpec("OUTPUT0", "INT32", [1, 16]), TensorSpec("OUTPUT1", "INT32", [1, 16]))
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        a, b = inputs["INPUT0"], inputs["INPUT1"]
-        return {"OUTPUT0": np.add(a, b, dtype=np.int32), "OUTPUT1": np.subtract(a, b, dtype=np.int32)}
-
-
-class Async(Simple):
-    name = "async_simple"
-
-    async def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:  # type: ignore[override]
-        return Simple.infer(self, inputs, parameters)
-
-
-class Rows(Simple):
-    name = "rows"
-    inputs = (TensorSpec("INPUT0", "INT32", [16]), TensorSpec("INPUT1", "INT32", [16]))
-    outputs = (TensorSpec("OUTPUT0", "INT32", [16]), TensorSpec("OUTPUT1", "INT32", [16]))
-    max_batch_size = 4
-
-
-class Batching(Rows):
-    name = "batching"
-    dynamic_batching = DynamicBatching()
-
-
-class Texts(Model):
-    name = "texts"
-    inputs = (TensorSpec("IN", "BYTES", [-1]),)
-    outputs = (TensorSpec("OUT", "BYTES", [-1]),)
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        return {"OUT": np.array([bytes(s).upper() for s in inputs["IN"]], dtype=object)}
-
-
-class Flags(Model):
-    name = "flags"
-    inputs = (TensorSpec("IN", "BOOL", [2]),)
-    outputs = (TensorSpec("OUT", "BOOL", [2]),)
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        return {"OUT": inputs["IN"]}
-
-
-class Answers(Model):
-    """Answers whatever `answer(inputs)` returns: FP32 [-1] in, OUT FP32 [-1] out."""
-
-    inputs = (TensorSpec("IN", "FP32", [-1]),)
-    outputs = (TensorSpec("OUT", "FP32", [-1]),)
-
-    def __init__(self, name: str, answer: Callable[[Arrays], Any], **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.answer = answer
-
-    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
-        return self.answer(inputs)
 
 
 def plane(*models: Model) -> DataPlane:
