@@ -82,3 +82,21 @@ class Rows(Simple):
     inputs = Batching.inputs
     outputs = Batching.outputs
     max_batch_size = 4
+
+
+# What a model (`Answers`) may return: answers the lean ways pass on or convert as the general way does, and answers
+# they fail as it does.
+GOOD_ANSWERS: list[Callable[[Arrays], Any]] = [
+    lambda i: {"OUT": i["IN"] * 2},  # as declared
+    lambda i: {"OUT": (i["IN"] * 2).astype(np.float64)},  # converted to FP32
+    lambda i: {"OUT": [1.0, 2.0]},  # a list
+    lambda i: ({"OUT": i["IN"]}, {"note": "hi", "n": 3}),  # with response parameters
+    lambda i: {"OUT": i["IN"][::-1]},  # not contiguous
+]
+WRONG_ANSWERS: list[Callable[[Arrays], Any]] = [
+    lambda i: {"OTHER": i["IN"]},  # output missing
+    lambda i: {"OUT": np.zeros((2, 2), np.float32)},  # wrong rank
+    lambda i: {"OUT": np.array(["a"])},  # not convertible
+    lambda i: [i["IN"]],  # not a mapping
+    lambda i: 1 / 0,  # the model fails
+]

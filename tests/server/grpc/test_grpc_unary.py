@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lean_models import Answers, Arrays, Async, Batching, Flags, Rows, Simple, Texts
+from lean_models import GOOD_ANSWERS, WRONG_ANSWERS, Answers, Arrays, Async, Batching, Flags, Rows, Simple, Texts
 from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings
@@ -94,26 +94,14 @@ def test_the_lean_answer_is_the_general_answer(fields: dict[str, Any]) -> None:
                           A + B if out.outputs[0].name == "OUTPUT0" else A - B)
 
 
-@pytest.mark.parametrize("answer", [
-    lambda i: {"OUT": i["IN"] * 2},  # as declared
-    lambda i: {"OUT": (i["IN"] * 2).astype(np.float64)},  # converted to FP32
-    lambda i: {"OUT": [1.0, 2.0]},  # a list
-    lambda i: ({"OUT": i["IN"]}, {"note": "hi", "n": 3}),  # with response parameters
-    lambda i: {"OUT": i["IN"][::-1]},  # not contiguous
-])
+@pytest.mark.parametrize("answer", GOOD_ANSWERS)
 def test_every_answer_a_model_may_give_is_answered_as_the_general_way_does(answer: Any) -> None:
     dp = plane(Answers("answers", answer))
     message = request("answers", {"IN": np.array([1.5, -2.0], np.float32)}, id="x")
     assert parsed(lean_way(dp)(message)) == general(dp, message)
 
 
-@pytest.mark.parametrize("answer", [
-    lambda i: {"OTHER": i["IN"]},  # output missing
-    lambda i: {"OUT": np.zeros((2, 2), np.float32)},  # wrong rank
-    lambda i: {"OUT": np.array(["a"])},  # not convertible
-    lambda i: [i["IN"]],  # not a mapping
-    lambda i: 1 / 0,  # the model fails
-])
+@pytest.mark.parametrize("answer", WRONG_ANSWERS)
 def test_a_wrong_answer_fails_as_on_the_general_way_and_is_counted_once(answer: Any) -> None:
     dp = plane(Answers("answers", answer))
     message = request("answers", {"IN": np.array([1.5, -2.0], np.float32)})

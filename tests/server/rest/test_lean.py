@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from lean_models import Answers, Async, Batching, Flags, Rows, Simple, Texts
+from lean_models import GOOD_ANSWERS, WRONG_ANSWERS, Answers, Async, Batching, Flags, Rows, Simple, Texts
 from oip.server import Assembly, DataPlane, Model, ModelFailure, ModelRepository, Settings
 from oip.server.rest import handlers
 from oip.server.rest.endpoints import ENDPOINTS
@@ -101,17 +101,7 @@ def test_the_answer_holds_what_the_model_returned() -> None:
         {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16], "data": (a - b).tolist()}]}
 
 
-@pytest.mark.parametrize("result", [
-    lambda i: {"OUT": i["IN"] * 2},  # as declared
-    lambda i: {"OUT": (i["IN"] * 2).astype(np.float64)},  # converted to FP32
-    lambda i: {"OUT": [1.0, 2.0]},  # a list
-    lambda i: ({"OUT": i["IN"]}, {"note": "hi", "n": 3}),  # with response parameters
-    lambda i: {"OUT": i["IN"][::-1]},  # not contiguous
-    lambda i: {"OTHER": i["IN"]},  # output missing
-    lambda i: {"OUT": np.zeros((2, 2), np.float32)},  # wrong rank
-    lambda i: {"OUT": np.array(["a"])},  # not convertible
-    lambda i: 1 / 0,  # the model fails
-])
+@pytest.mark.parametrize("result", GOOD_ANSWERS + WRONG_ANSWERS)
 def test_every_answer_a_model_may_give_is_answered_and_counted_as_on_the_general_way(result: Any) -> None:
     dp = plane(Answers("answers", result))
     body = {"id": "x", "inputs": [tensor("IN", "FP32", [2], [1.5, -2.0])]}
