@@ -606,3 +606,20 @@ def test_requests_that_arrive_while_a_batch_runs_form_the_next_batch() -> None:
     assert calls == [1, 3]
     assert len(replies) == 4 and all(isinstance(reply, bytes) for reply in replies)
     assert counts(dp, "held_batch")["execution_count"] == 2
+
+
+def test_a_reply_never_takes_the_wire_of_a_plan_that_is_gone() -> None:
+    """The serialized model name and output headers are kept by the plan's id: once a plan is gone (its model
+    reloaded or unloaded), a new plan may get the same id. A wire left there by another model's plan (as a freed
+    plan leaves it) is not used: the reply names the model that answered."""
+    from oip.server.grpc.in_thread import _Wire
+
+    dp = plane(Answers("answers", lambda i: {"OUT": i["IN"]}))
+    lean = lean_way(dp)
+    other = dp.pipeline.lean.plan("simple", "")
+    plan = dp.pipeline.lean.plan("answers", "")
+    assert other is not None and plan is not None
+    lean._wires[id(plan)] = _Wire(other)  # what a freed plan of `simple` at this plan's address would have left
+    reply = parsed(lean(request("answers", {"IN": np.array([1.5, -2.0], np.float32)})))
+    assert (reply.model_name, [o.name for o in reply.outputs]) == ("answers", ["OUT"])
+    assert reply == general(dp, request("answers", {"IN": np.array([1.5, -2.0], np.float32)}))

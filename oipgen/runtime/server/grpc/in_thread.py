@@ -25,6 +25,7 @@ through the pipeline's `finish` and the transport's encoder, which check and ref
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -61,11 +62,14 @@ _VIEW_FROM: Final = 1 << 16  # output bytes from which the reply is joined from 
 
 class _Wire:
     """What the reply of one model instance is made of: the serialized model name and version, and each output's
-    serialized header by (name, shape), made on the first answer of that shape."""
+    serialized header by (name, shape), made on the first answer of that shape. Kept by `id(plan)`, with a weak
+    reference to its plan: once a plan is gone (its model reloaded or unloaded), another may get its id, and must not
+    get its wire."""
 
-    __slots__ = ("headers", "prefix")
+    __slots__ = ("headers", "plan", "prefix")
 
     def __init__(self, plan: Plan) -> None:
+        self.plan = weakref.ref(plan)
         model = plan.model
         self.prefix = _RESPONSE(model_name=model.name, model_version=model.version).SerializeToString()
         self.headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
@@ -92,7 +96,7 @@ class UnaryInfer:
         self.settings = settings
         self.encode = encode
         self.params = params if params is not None else _params
-        self._wires: dict[int, _Wire] = {}  # by plan
+        self._wires: dict[int, _Wire] = {}  # by id(plan): a plan's wire, while it lives (`_Wire`)
 
     def __call__(self, message: Any, trace: dict[str, str] | None = None, raw: Sequence[Any] | None = None) -> Any:
         """The reply (serialized) to `message`, or None when it takes the general way (nothing happened yet).
@@ -224,7 +228,7 @@ class UnaryInfer:
         outputs = plan.answer(result, wanted, batch_size)
         if outputs is not None:
             wire = self._wires.get(id(plan))
-            if wire is None or len(self._wires) > _MAX_HEADERS:
+            if wire is None or wire.plan() is not plan or len(self._wires) > _MAX_HEADERS:
                 if len(self._wires) > _MAX_HEADERS:
                     self._wires.clear()
                 wire = self._wires[id(plan)] = _Wire(plan)
