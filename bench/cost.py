@@ -252,8 +252,9 @@ def _in_child(workloads: list[str], args: argparse.Namespace) -> int:
     """Measure in child processes: over `args.package` (by its path), and with `args.instructions` under valgrind,
     each workload at `args.requests` and three times as many (see the module's description)."""
     # Steadier counts: one hash seed; no OpenBLAS threads (they spin for a while at numpy's import, a varying number
-    # of instructions; no workload here calls BLAS).
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    # of instructions; no workload here calls BLAS); no bytecode written, so that both runs compile (or read) the
+    # same modules: the first run of a fresh checkout would otherwise compile them for the second.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     if args.package is not None:
         env["PYTHONPATH"] = str(args.package.resolve())
     for name in workloads:
