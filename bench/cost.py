@@ -252,11 +252,14 @@ def _in_child(workloads: list[str], args: argparse.Namespace) -> int:
     """Measure in child processes: over `args.package` (by its path), and with `args.instructions` under valgrind,
     each workload at `args.requests` and three times as many (see the module's description)."""
     # Steadier counts: one hash seed; no OpenBLAS threads (they spin for a while at numpy's import, a varying number
-    # of instructions; no workload here calls BLAS); no bytecode written, so that both runs compile (or read) the
-    # same modules: the first run of a fresh checkout would otherwise compile them for the second.
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    # of instructions; no workload here calls BLAS); no bytecode written by the counted runs, and before them one
+    # run that writes it (where it can), so that both compile, or read, the same modules: otherwise the first run
+    # of a fresh checkout compiles them for the second, as may any other process importing them meanwhile.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     if args.package is not None:
         env["PYTHONPATH"] = str(args.package.resolve())
+    compiling = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     for name in workloads:
         own = [sys.executable, str(Path(__file__).resolve()), "--workloads", name, "--batch", str(args.batch)]
         if not args.instructions:
@@ -264,6 +267,10 @@ def _in_child(workloads: list[str], args: argparse.Namespace) -> int:
             if done.returncode:
                 return done.returncode
             continue
+        warm = subprocess.run([*own, "--requests", "1"], env=compiling, capture_output=True, text=True, check=False)
+        if warm.returncode:
+            print(warm.stdout + warm.stderr[-2000:], file=sys.stderr)
+            return warm.returncode
         counts = []
         for requests in (args.requests, 3 * args.requests):
             with tempfile.TemporaryDirectory() as scratch:
