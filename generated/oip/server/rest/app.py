@@ -248,8 +248,7 @@ def create_app(
             # One answer per route, taken both ways: by the HTTP layer without ASGI (a POST's small body), and
             # by the ASGI handler.
             answer = rest_only_answer(dataplane, settings, endpoint) if isinstance(endpoint, RestOnlyEndpoint) \
-                else tensor_answer(dataplane, settings, endpoint, repository, tracing,
-                                   lean if endpoint.operation == "model_infer" else None)
+                else tensor_answer(dataplane, settings, endpoint, repository, tracing, lean)
             handler = answer_handler(endpoint, answer, settings)
             pattern = _path_pattern(endpoint.path)
             app.fast_routes += ((endpoint.method, pattern, handler),)
