@@ -10,7 +10,8 @@ Handlers only decode, call the data plane and encode; every rule of the protocol
   false gets the not-ready status (`Settings.not_ready_status`) with the same body.
 - Inference (`infer_codec`): the body decoded to the data plane's tensors, its answer encoded back; the caller's
   W3C trace context (`traceparent`, `tracestate` headers) travels with the request when tracing is on. The common
-  JSON request takes the lean way first (`lean`), which leaves any other to this one untouched.
+  request (JSON, or a JSON header and binary data) takes the lean way first (`lean`), which leaves any other to
+  this one untouched.
 - Operations that only REST has (Triton's generate extension): the JSON body must be an object without repeated
   keys; the data plane gets the path fields and the body and answers plain JSON, or an iterator of JSON answers
   sent as server-sent events (`data: <json>`). An error before the first event is an ordinary error answer; after
@@ -43,7 +44,7 @@ from .body import HEADER_LENGTH, header_value, json_kind, parse_json, read_body
 from .endpoints import Endpoint, RestOnlyEndpoint
 from .http import BUFFER_BODIES, Answer
 from .infer_codec import NO_BINARY, binary_enabled, decode_infer_request, encode_infer_response, parse_infer_body
-from .lean import JsonInfer
+from .lean import LeanInfer
 
 __all__ = ["HTTP_STATUS", "Handler", "answer_handler", "error_response", "message_handler", "rest_only_answer",
            "tensor_answer"]
@@ -202,10 +203,10 @@ async def _close(answers: AsyncIterator[Any]) -> None:
 
 
 def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoint,
-                  repository: ModelRepository | None, tracing: bool, lean: JsonInfer | None = None) -> Answer:
+                  repository: ModelRepository | None, tracing: bool, lean: LeanInfer | None = None) -> Answer:
     """An inference route's answer (`Answer`): with `repository`, an unknown model is refused before a body that
-    does not decode; with `tracing`, the caller's trace context goes with the request; with `lean`, a JSON body
-    tries the lean way first (`rest.lean`)."""
+    does not decode; with `tracing`, the caller's trace context goes with the request; with `lean`, a body tries
+    the lean way first (`rest.lean`)."""
     call: Callable[[InferRequest], Awaitable[InferResponse]] = getattr(dataplane, endpoint.operation)
 
     def model_first(fields: dict[str, Any]) -> None:
@@ -236,8 +237,8 @@ def tensor_answer(dataplane: DataPlaneBase, settings: Settings, endpoint: Endpoi
                 model_first(fields)
                 raise
             if infer_request is None:
-                if lean is not None and header_length is None:
-                    quick = await lean(fields, parsed[0], trace)
+                if lean is not None:
+                    quick = await lean(fields, parsed[0], parsed[1], trace, parts)
                     if quick is not None:
                         return quick
                 try:

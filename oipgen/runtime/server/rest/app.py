@@ -41,7 +41,7 @@ from .endpoints import ENDPOINTS, REST_ONLY_ENDPOINTS, Endpoint, RestOnlyEndpoin
 from .handlers import Handler, answer_handler, error_response, message_handler, rest_only_answer, tensor_answer
 from .http import Answer
 from .infer_codec import BinaryParts
-from .lean import JsonInfer
+from .lean import LeanInfer
 from .openapi import openapi_document, published_document
 
 __all__ = ["OipApp", "create_app", "metrics_app"]
@@ -193,9 +193,9 @@ def create_app(
     `repository`: where the ready models of the document come from, and where an inference route looks its model
     up first; `metrics`: what counts every answer, and `scrape` what answers GET /metrics (both: metrics on);
     `tracing`: inference requests carry the caller's trace context; `pipeline` (the data plane's): the common
-    JSON inference request takes the lean way (`rest.lean`).
+    inference request takes the lean way (`rest.lean`).
     """
-    lean = JsonInfer(pipeline) if pipeline is not None else None
+    lean = LeanInfer(pipeline, settings) if pipeline is not None else None
     app = OipApp(
         title=str(DOCUMENT.get("info", {}).get("title", "Open Inference Protocol")),
         version=str(DOCUMENT.get("info", {}).get("version", "")),

@@ -32,11 +32,13 @@ __all__ = [
     "BinaryParts",
     "answer_body",
     "binary_enabled",
+    "binary_output",
     "decode_infer_request",
     "encode_infer_response",
-    "json_answer",
+    "infer_answer",
     "json_output",
     "parse_infer_body",
+    "request_parameters",
 ]
 
 _BINARY_OUTPUT: Final = framing.BINARY_DATA_OUTPUT  # request parameters: default for outputs not listed
@@ -101,6 +103,16 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def request_parameters(value: Any, binary_on: bool) -> tuple[dict[str, Any], bool]:
+    """A request's `parameters` (a new dict: `value` is left as it is) without `binary_data_output`, and that flag:
+    whether the outputs the request does not list are answered as binary data (`binary_on`: the extension is)."""
+    parameters = _parameters(dict(value) if isinstance(value, dict) else value, "request")
+    default_binary = bool(_flag(parameters, _BINARY_OUTPUT, "request"))
+    if default_binary and not binary_on:
+        raise Unimplemented(NO_BINARY)
+    return parameters, default_binary
+
+
 def _no_null(item: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
     """InvalidRequest when one of the `fields` of `item` is JSON null: no field takes null (leave it out instead);
     keys the protocol does not have are ignored, whatever their value."""
@@ -155,11 +167,8 @@ def decode_infer_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest(f"'id' must be a string, got {json_kind(request_id)}")
-    parameters = _parameters(doc.get("parameters"), "request")
     binary_on = binary_enabled(settings)  # off: asking for binary data (true flags, binary_data_size) is 501
-    default_binary = bool(_flag(parameters, _BINARY_OUTPUT, "request"))
-    if default_binary and not binary_on:
-        raise Unimplemented(NO_BINARY)
+    parameters, default_binary = request_parameters(doc.get("parameters"), binary_on)
 
     items = doc.get("inputs")
     if not isinstance(items, list):
@@ -240,24 +249,17 @@ def encode_infer_response(
     chunks: list[bytes | memoryview] = []
     for tensor in response.outputs:
         parameters = dict(tensor.parameters)
-        if tensor.data is not None and not listed.get(tensor.name, default_binary):
-            outputs.append(json_output(tensor.name, tensor.datatype, tensor.shape, tensor.data, parameters))
-            continue
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if tensor.data is not None:  # binary
-            data = _raw_data(tensor)
-            size = parameters[_BINARY_SIZE] = framing.size_of(data)
-            if size:
-                chunks.append(data)
-            entry["parameters"] = parameters
-        elif parameters:  # written to shared memory: no data here, as Triton answers
-            entry["parameters"] = parameters
+        if tensor.data is None:  # written to shared memory: no data here, as Triton answers
+            entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+            if parameters:
+                entry["parameters"] = parameters
+        elif listed.get(tensor.name, default_binary):
+            entry = binary_output(tensor.name, tensor.datatype, tensor.shape, tensor.data, chunks, parameters)
+        else:
+            entry = json_output(tensor.name, tensor.datatype, tensor.shape, tensor.data, parameters)
         outputs.append(entry)
-    header = _header(answer_body(response.model_name, response.model_version, response.id, response.parameters,
-                                 outputs))
-    if parts and sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
-        return BinaryParts(header, chunks)
-    return _Answer(*framing.join_raw(header, chunks))
+    return infer_answer(answer_body(response.model_name, response.model_version, response.id, response.parameters,
+                                    outputs), chunks, parts)
 
 
 def answer_body(model_name: str, model_version: str, request_id: str, parameters: dict[str, Any] | None,
@@ -282,9 +284,29 @@ def json_output(name: str, datatype: str, shape: list[int], data: npt.NDArray[An
     return entry
 
 
-def json_answer(body: dict[str, Any]) -> Response:
-    """The answer whose whole body is the JSON `body` (every output's data in it)."""
-    return _Answer(*framing.join_raw(_header(body), []))
+def binary_output(name: str, datatype: str, shape: list[int], data: npt.NDArray[Any],
+                  chunks: list[bytes | memoryview], parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An output of the answer with its data in the binary part: its bytes appended to `chunks` (none when empty),
+    its entry returned (`binary_data_size` last in its parameters)."""
+    try:
+        raw = codec.to_raw(data, datatype, name=name)
+    except codec.CodecError as exc:
+        raise ModelFailure(str(exc)) from None
+    size = framing.size_of(raw)
+    if size:
+        chunks.append(raw)
+    return {"name": name, "datatype": datatype, "shape": shape,
+            "parameters": {**(parameters or {}), _BINARY_SIZE: size}}
+
+
+def infer_answer(body: dict[str, Any], chunks: list[bytes | memoryview], parts: bool) -> Response:
+    """The answer of the JSON `body` followed by the binary `chunks` (none: all JSON). With `parts` (the server
+    writes bytes-like bodies as they are: `http.BUFFER_BODIES`), large binary outputs are sent from the model's
+    arrays (`BinaryParts`)."""
+    header = _header(body)
+    if chunks and parts and sum(framing.size_of(chunk) for chunk in chunks) >= _PARTS_FROM:
+        return BinaryParts(header, chunks)
+    return _Answer(*framing.join_raw(header, chunks))
 
 
 def _header(body: dict[str, Any]) -> bytes:
@@ -326,15 +348,6 @@ class BinaryParts(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await self.send_parts(send)
-
-
-def _raw_data(tensor: Tensor) -> bytes | memoryview:
-    if tensor.data is None:
-        return b""
-    try:
-        return codec.to_raw(tensor.data, tensor.datatype, name=tensor.name)
-    except codec.CodecError as exc:
-        raise ModelFailure(str(exc)) from None
 
 
 def _json_data(name: str, datatype: str, data: npt.NDArray[Any] | None) -> npt.NDArray[Any] | list[Any]:
