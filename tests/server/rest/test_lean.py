@@ -170,10 +170,15 @@ def test_the_answer_holds_what_the_model_returned() -> None:
         {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16], "data": (a - b).tolist()}]}
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["JSON", "binary"])
 @pytest.mark.parametrize("result", GOOD_ANSWERS + WRONG_ANSWERS)
-def test_every_answer_a_model_may_give_is_answered_and_counted_as_on_the_general_way(result: Any) -> None:
+def test_every_answer_a_model_may_give_is_answered_and_counted_as_on_the_general_way(result: Any,
+                                                                                      binary: bool) -> None:
     dp = plane(Answers("answers", result))
-    body = {"id": "x", "inputs": [tensor("IN", "FP32", [2], [1.5, -2.0])]}
+    body: Any = {"id": "x", "inputs": [tensor("IN", "FP32", [2], [1.5, -2.0])]}
+    if binary:  # a binary input, every output asked for as binary data
+        body = framed(raw_tensor("IN", "FP32", [2], np.array([1.5, -2.0], np.float32).tobytes()), id="x",
+                      parameters={"binary_data_output": True})
     try:
         assert lean_way(dp, body, "answers") is not None  # the lean way answered it (through `finish` or not)
     except ModelFailure:  # or failed it, as the data plane's error
