@@ -623,3 +623,38 @@ def test_a_reply_never_takes_the_wire_of_a_plan_that_is_gone() -> None:
     reply = parsed(lean(request("answers", {"IN": np.array([1.5, -2.0], np.float32)})))
     assert (reply.model_name, [o.name for o in reply.outputs]) == ("answers", ["OUT"])
     assert reply == general(dp, request("answers", {"IN": np.array([1.5, -2.0], np.float32)}))
+
+
+def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`answers_here` looks the request's plan up to see that the model is inline, then answers the call: the
+    call's handler takes that plan (one lookup a call, not two), and a handler answering another message (a pool
+    thread's, meanwhile) looks its own up: its reply names its own model."""
+    from oip.server.grpc.in_thread import in_thread
+    from oip.server.grpc.service import INFER
+
+    class Quick(Simple):
+        name = "quick"
+        inline = True
+
+    dp = plane(Quick())
+    looked_up: list[str] = []
+    lookup = dp.pipeline.lean.plan
+
+    def counting(name: str, version: str) -> Any:
+        looked_up.append(name)
+        return lookup(name, version)
+
+    monkeypatch.setattr(dp.pipeline.lean, "plan", counting)
+    way = in_thread(dp.pipeline, dp.settings, INFER, "ModelInfer", None, False)
+    message = request("quick")
+    replies: list[Any] = []
+    assert way.answers_here(message, [], lambda: replies.append(way.handle(message, None)))  # type: ignore[arg-type]
+    assert looked_up == ["quick"]
+    assert parsed(replies[0]) == general(dp, request("quick"))
+
+    lean = lean_way(dp)
+    other = lookup("quick", "")
+    assert other is not None
+    lean.found = (request("quick"), other)  # what the polling thread holds for its own call
+    reply = parsed(lean(request("simple")))
+    assert reply.model_name == "simple" and reply == general(dp, request("simple"))

@@ -97,6 +97,9 @@ class UnaryInfer:
         self.encode = encode
         self.params = params if params is not None else _params
         self._wires: dict[int, _Wire] = {}  # by id(plan): a plan's wire, while it lives (`_Wire`)
+        # (message, plan) the polling thread has just looked up for the call it is answering (`answers_here`): that
+        # call's handler takes the plan rather than looking it up again; any other call's message is not this one.
+        self.found: tuple[Any, Plan] | None = None
 
     def __call__(self, message: Any, trace: dict[str, str] | None = None, raw: Sequence[Any] | None = None) -> Any:
         """The reply (serialized) to `message`, or None when it takes the general way (nothing happened yet).
@@ -105,7 +108,8 @@ class UnaryInfer:
         they are not in `message` (a large request's views, `InferWire`)."""
         start = time.perf_counter_ns()
         lean = self.lean
-        plan = self.plan(message)
+        found = self.found
+        plan = found[1] if found is not None and found[0] is message else self.plan(message)
         read = self._read(plan, message, raw) if plan is not None and plan.plain else None
         if plan is None or read is None:
             return None
@@ -345,7 +349,11 @@ def in_thread(
         if plan is None:
             return False
         if plan.inline:
-            respond()
+            lean.found = (message, plan)
+            try:
+                respond()
+            finally:
+                lean.found = None
             return True
         if not plan.batches_on_arrival:
             return False
