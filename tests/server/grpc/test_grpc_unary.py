@@ -632,10 +632,6 @@ def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: p
     from oip.server.grpc.in_thread import in_thread
     from oip.server.grpc.service import INFER
 
-    class Quick(Simple):
-        name = "quick"
-        inline = True
-
     dp = plane(Quick())
     looked_up: list[str] = []
     lookup = dp.pipeline.lean.plan
@@ -655,6 +651,86 @@ def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: p
     lean = lean_way(dp)
     other = lookup("quick", "")
     assert other is not None
-    lean.found = (request("quick"), other)  # what the polling thread holds for its own call
+    after: list[Callable[[], None]] = []
+    lean.here = (request("quick"), other, after)  # what the polling thread holds for its own call
     reply = parsed(lean(request("simple")))
     assert reply.model_name == "simple" and reply == general(dp, request("simple"))
+    assert after == [] and counts(dp, "simple")["success"][0] == 2  # recorded now, not left to the other call
+
+
+class Quick(Simple):
+    name = "quick"
+    inline = True
+
+
+def answer_here(dp: DataPlane, message: Any, while_sending: Callable[[], None], observe: Any = None) -> Any:
+    """Answer `message` as grpcio's polling thread does (`answers_here`); `while_sending` runs once the reply is
+    made, where grpcio sends it. The reply."""
+    from oip.server.grpc.in_thread import in_thread
+    from oip.server.grpc.service import INFER
+
+    way = in_thread(dp.pipeline, dp.settings, INFER, "ModelInfer", observe, False)
+    replies: list[Any] = []
+
+    def respond() -> None:
+        replies.append(way.handle(message, None))  # type: ignore[arg-type]
+        while_sending()
+
+    assert way.answers_here(message, [], respond)
+    return replies[0]
+
+
+def test_the_polling_thread_sends_the_reply_before_it_records_the_request() -> None:
+    """An inline model's call answered in the polling thread: its record (statistics, its hold on the model) and
+    the transport's count are made once the reply is sent, not before, and then exactly as the general way makes
+    them; its durations end when the reply was ready (a slow send is in none of them)."""
+    dp, general_dp = plane(Quick(), settings=Settings(metrics=True)), plane(Quick(), settings=Settings(metrics=True))
+    observed: list[tuple[str, str]] = []
+    seen_while_sending: list[Any] = []
+
+    def sending() -> None:
+        seen_while_sending.append((dp.statistics.snapshot().get(("quick", "1")),
+                                   dp.repository.inflight()[("quick", "1")], list(observed)))
+        time.sleep(0.2)  # a slow send
+
+    reply = answer_here(dp, request("quick"), sending, lambda rpc, code, *rest: observed.append((rpc, code)))
+    assert parsed(reply) == general(general_dp, request("quick"))
+    assert seen_while_sending == [(None, 1, [])]
+    assert observed == [("ModelInfer", "OK")] and dp.repository.inflight()[("quick", "1")] == 0
+    a, b = counts(dp, "quick"), counts(general_dp, "quick")
+    assert {k: v[0] if isinstance(v, tuple) else v for k, v in a.items()} == {
+        k: v[0] if isinstance(v, tuple) else v for k, v in b.items()}
+    assert a["success"][0] == 1 and 0 < a["success"][1] < 0.2e9
+
+
+@pytest.mark.parametrize("reader", ["statistics", "metrics", "pending"])
+def test_whoever_reads_the_counts_meanwhile_waits_for_the_record(reader: str) -> None:
+    """A read of what the observers counted that begins while the polling thread sends a reply (the statistics
+    extension, a metrics scrape, the pending requests) returns once that request is recorded, and counts it."""
+    dp = plane(Quick(), settings=Settings(metrics=True))
+    assert dp.metrics is not None
+    metrics = dp.metrics
+    key = (("model", "quick"), ("version", "1"))
+
+    def read() -> Any:
+        if reader == "statistics":
+            answer = run(dp.model_statistics(pb.ModelStatisticsRequest(name="quick")))
+            return answer.model_stats[0].inference_count
+        if reader == "metrics":
+            return next(s.value for f in metrics.families() for s in f.samples
+                        if s.name == "nv_inference_count" and s.labels.get("model") == "quick")
+        return metrics.pending[key]
+
+    assert read() == 0
+    got: list[Any] = []
+    readers: list[threading.Thread] = []
+
+    def sending() -> None:
+        thread = threading.Thread(target=lambda: got.append(read()))
+        thread.start()
+        readers.append(thread)
+        time.sleep(0.2)  # the reader would have read by now, were it not held back
+
+    answer_here(dp, request("quick"), sending)
+    readers[0].join(TIMEOUT)
+    assert got == [1 if reader != "pending" else 0]

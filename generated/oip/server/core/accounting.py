@@ -33,14 +33,15 @@ class Inference:
     (`run.batch_size`) and whether it ran the model by itself (`run.alone`: its run is reported with it; the
     batcher reports the runs of batches). The lean way (`lean`) gives `start` (its first moment on
     `time.perf_counter_ns`'s clock) and notes the moments it reaches (`queued`, `formed` for its dynamic batch,
-    `started`, `ended`) instead, and says its batch size and whether it ran alone too; its timer may be None (see
-    `Observers.request_started`).
+    `started`, `ended`, and `answered` when its answer was ready before it leaves, which it may do once the answer
+    is sent: `Observers.recording`) instead, and says its batch size and whether it ran alone too; its timer may be
+    None (see `Observers.request_started`).
 
     A plain class with slots and no generator: every request pays for it.
     """
 
-    __slots__ = ("_observers", "_repository", "alone", "batch_size", "ended", "formed", "model", "queued",
-                 "request_id", "start", "started", "timer")
+    __slots__ = ("_observers", "_repository", "alone", "answered", "batch_size", "ended", "formed", "model",
+                 "queued", "request_id", "start", "started", "timer")
 
     def __init__(self, repository: ModelRepository, observers: Observers, model: Model, timer: Timer | None,
                  request_id: str = "", start: int = 0) -> None:
@@ -55,7 +56,7 @@ class Inference:
         self.batch_size = 1
         self.alone = True
         self.start = start
-        self.queued = self.formed = self.started = self.ended = 0
+        self.queued = self.formed = self.started = self.ended = self.answered = 0
         observers.request_started(timer, model.name, model.version)
 
     def __enter__(self) -> Inference:
@@ -77,11 +78,11 @@ class Inference:
                 observers.request_finished(timer.record(model.name, model.version, self.batch_size))
         elif exc is None and self.alone and self.batch_size == 1:  # the lean way: its moments
             observers.ran_alone(timer, model.name, model.version, self.request_id, self.start, self.queued,
-                                self.started, self.ended, time.perf_counter_ns())
+                                self.started, self.ended, self.answered or time.perf_counter_ns())
         else:  # the lean way's failure, a request of a dynamic batch, or of a batch of rows: its record
             record = InferenceRecord.from_marks(
                 model.name, model.version, self.request_id, None if exc is None else failure(exc), self.start,
-                self.queued, self.started, self.ended, time.perf_counter_ns(), timer,
+                self.queued, self.started, self.ended, self.answered or time.perf_counter_ns(), timer,
                 1 if exc is not None else self.batch_size, self.formed,
             )
             if exc is None and self.alone:

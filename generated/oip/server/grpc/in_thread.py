@@ -28,10 +28,12 @@ through the pipeline's `finish` and the transport's encoder, which check and ref
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 import grpc
@@ -50,6 +52,8 @@ from .infer_codec import InferCodec, InferWire, Malformed, message_size
 from .servicer import Observe, metadata, metadata_of, status
 
 __all__ = ["NOT_HERE", "InThread", "Respond", "UnaryInfer", "in_thread"]
+
+log = logging.getLogger(__name__)
 
 NOT_HERE: Final = object()
 """What the thread's handler returns when the call must take the event loop's way."""
@@ -101,9 +105,11 @@ class UnaryInfer:
         self.encode = encode
         self.params = params if params is not None else _params
         self._wires: dict[int, _Wire] = {}  # by id(plan): a plan's wire, while it lives (`_Wire`)
-        # (message, plan) the polling thread has just looked up for the call it is answering (`answers_here`): that
-        # call's handler takes the plan rather than looking it up again; any other call's message is not this one.
-        self.found: tuple[Any, Plan] | None = None
+        # The call the polling thread is answering (`answers_here`): its message, the plan it looked up, and what is
+        # left to do once the reply is sent. That call's handler takes the plan rather than looking it up again,
+        # and leaves its request's record (and its own count) to be made then, so that they never delay the reply
+        # (`Observers.recording`); any other call's message is not this one.
+        self.here: tuple[Any, Plan, list[Callable[[], None]]] | None = None
 
     def __call__(self, message: Any, trace: dict[str, str] | None = None, raw: Sequence[Any] | None = None) -> Any:
         """The reply (serialized) to `message`, or None when it takes the general way (nothing happened yet).
@@ -112,16 +118,37 @@ class UnaryInfer:
         they are not in `message` (a large request's views, `InferWire`)."""
         start = time.perf_counter_ns()
         lean = self.lean
-        found = self.found
-        plan = found[1] if found is not None and found[0] is message else self.plan(message)
+        here = self.here
+        after = None
+        plan: Plan | None
+        if here is not None and here[0] is message:
+            plan, after = here[1], here[2]
+        else:
+            plan = self.plan(message)
         read = self._read(plan, message, raw) if plan is not None and plan.plain else None
         if plan is None or read is None:
             return None
         parameters, arrays, batch_size, wanted = read
         request_id = message.id
-        with lean.inference(plan, request_id, trace, "grpc", start) as run:
+        run = lean.inference(plan, request_id, trace, "grpc", start)
+        try:
             result = lean.run_in_thread(run, plan, arrays, parameters, batch_size)
-            return self._reply(plan, request_id, arrays, wanted, result, batch_size)
+            reply = self._reply(plan, request_id, arrays, wanted, result, batch_size)
+        except BaseException as exc:
+            run.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        if after is None:
+            run.__exit__(None, None, None)
+        else:  # recorded once the reply is sent, as of now
+            run.answered = time.perf_counter_ns()
+            after.append(partial(run.__exit__, None, None, None))
+        return reply
+
+    def after_reply(self, message: Any) -> list[Callable[[], None]] | None:
+        """What is done once the reply to `message` is sent, when the polling thread answers it (`answers_here`):
+        append to it; None when the call is answered otherwise (do it now)."""
+        here = self.here
+        return here[2] if here is not None and here[0] is message else None
 
     def plan(self, message: Any) -> Plan | None:
         """The plan of the model version a request message names (`Lean.plan`)."""
@@ -300,6 +327,7 @@ def in_thread(
     decode_request, encode_wire = infer.decode_request, infer.encode_wire
     lean = UnaryInfer(pipeline, settings, encode_wire, infer.params_from_proto)
     request_type = infer.request
+    recording = pipeline.observers.recording
 
     def infer_in_thread(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, Malformed):
@@ -319,7 +347,11 @@ def in_thread(
                     observe(rpc, code, start, request, sent)
             if reply is not None:
                 if observe is not None:
-                    observe(rpc, code, start, request, message_size(reply))
+                    after = lean.after_reply(wire.message if wire is not None else request)
+                    if after is None:
+                        observe(rpc, code, start, request, message_size(reply))
+                    else:
+                        after.append(partial(observe, rpc, code, start, request, message_size(reply)))
                 return reply
         message = wire.message if wire is not None else request
         if not pipeline.runs_in_thread(message.model_name, message.model_version):
@@ -342,9 +374,9 @@ def in_thread(
 
     def answers_here(request: Any, pairs: Sequence[tuple[str, Any]], respond: Respond) -> bool:
         """Answer a call whose request has just arrived, where it is, when that never waits: a request to an inline
-        model that runs alone at once (`Plan.inline`), one to an inline model that batches once its batch has run
-        (`Plan.batches_on_arrival`, `UnaryInfer.arrive`). Anything else (a malformed request, any other model) may
-        wait: False."""
+        model that runs alone at once (`Plan.inline`; its record and count made once its reply is sent), one to an
+        inline model that batches once its batch has run (`Plan.batches_on_arrival`, `UnaryInfer.arrive`).
+        Anything else (a malformed request, any other model) may wait: False."""
         wire = request if type(request) is InferWire else None
         message = wire.message if wire is not None else request
         if type(message) is not request_type:
@@ -353,11 +385,18 @@ def in_thread(
         if plan is None:
             return False
         if plan.inline:
-            lean.found = (message, plan)
-            try:
-                respond()
-            finally:
-                lean.found = None
+            after: list[Callable[[], None]] = []
+            lean.here = (message, plan, after)
+            with recording:  # until the reply's record is made (`Observers.recording`)
+                try:
+                    respond()
+                finally:
+                    lean.here = None
+                    for task in after:
+                        try:
+                            task()
+                        except Exception:  # the others are still done
+                            log.exception("recording an answered gRPC call failed")
             return True
         if not plan.batches_on_arrival:
             return False

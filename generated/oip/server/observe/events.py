@@ -27,6 +27,11 @@ success that ran alone as they are (`Observer.ran_alone`): an observer may take 
 and tracing); by default they become the request's record, as on every other way. Its other requests (a failure,
 a request of a dynamic batch) are reported by the record their moments make (`InferenceRecord.from_marks`).
 
+A request answered in the gRPC polling thread (the lean way, an inline model) is recorded just after its answer
+is sent, so that recording never delays it; that thread holds `Observers.recording` from before the answer goes
+until the record is made, and whoever reads what the observers counted (the statistics extension, a metrics
+scrape) takes it first (`Observers.settled`): a request answered before a read began is in what it reads.
+
 Observers are also told when a request starts (`request_started`, once its model version is known), with the
 request's timer: `Timer.state` holds what an observer keeps for the request until it finishes (a trace span), and
 `Timer.trace` the caller's trace context as the transport received it (W3C `traceparent` and `tracestate`). While
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -353,6 +359,13 @@ class Observers:
         self._observers = list(observers)
         self._hooks: dict[str, tuple[Callable[..., None], ...]] = {}
         self._refresh()
+        # Held while answers already sent are being recorded (see the module's description).
+        self.recording = threading.Lock()
+
+    def settled(self) -> None:
+        """Return once every request answered so far is recorded: before reading what the observers counted."""
+        with self.recording:
+            pass
 
     def _refresh(self) -> None:
         self._hooks = {hook: tuple(getattr(o, hook) for o in self._observers if _listens(o, hook)) for hook in _HOOKS}

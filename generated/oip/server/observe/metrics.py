@@ -200,13 +200,14 @@ class Metrics(Observer):
     counted by the statistics (`Statistics.keep_durations`), under the lock they take anyway; a transport counts
     its answer (`count`). The pending requests of a model version are those holding it in the model repository
     (`inflight`: `ModelRepository.inflight`), which also tells which model versions are loaded. Labels are made at
-    scrape time.
+    scrape time, once every request answered so far is counted (`settled`: `Observers.settled`).
     """
 
     def __init__(self, statistics: Statistics, inflight: Callable[[], Mapping[tuple[str, str], int]],
-                 buckets: Sequence[float] = DEFAULT_BUCKETS) -> None:
+                 buckets: Sequence[float] = DEFAULT_BUCKETS, settled: Callable[[], None] | None = None) -> None:
         self.statistics = statistics
         self.inflight = inflight
+        self.settled = settled
         self.failures: dict[tuple[str, str, str], int] = {}  # (model, version, reason)
         self._lock = threading.Lock()  # failures, the list of shards
         self._local = threading.local()  # .shard: this thread's
@@ -252,6 +253,8 @@ class Metrics(Observer):
     @property
     def requests(self) -> dict[tuple[str, str, str], int]:
         """Answered requests, by (transport, operation, code): the HTTP status or gRPC code's name."""
+        if self.settled is not None:
+            self.settled()
         counted: dict[tuple[str, str, str], int] = {}
         for (transport, operation, code), n in self._totals().requests.items():
             key = (transport, operation, str(code))
@@ -262,6 +265,8 @@ class Metrics(Observer):
     def pending(self) -> dict[tuple[tuple[str, str], ...], int]:
         """The requests of each loaded model version that started and did not finish yet, by labels (those holding
         the model in the repository: a request costs the metrics nothing at its start)."""
+        if self.settled is not None:
+            self.settled()
         return {(("model", model), ("version", version)): n for (model, version), n in self.inflight().items()}
 
     # --- the inference timer ------------------------------------------------------------------------------------
@@ -302,6 +307,8 @@ class Metrics(Observer):
 
     def collect(self) -> list[Metric]:
         """The server's own families (prometheus_client's collector interface)."""
+        if self.settled is not None:
+            self.settled()
         stats = self.statistics.snapshot()
         loaded = self.inflight()
         versions = sorted({*stats, *loaded})  # as Triton: a loaded model version has its samples from the start

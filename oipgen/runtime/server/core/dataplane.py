@@ -227,6 +227,7 @@ class DataPlane(DataPlaneBase):
             if not versions:
                 raise NotReady(f"model '{request.name}' has no ready version")
             keys = [(request.name, version) for version in versions]
+        self.observers.settled()  # every request answered so far is counted
         return pb.ModelStatisticsResponse(
             model_stats=[self.statistics.to_proto(name, version) for name, version in keys]
         )

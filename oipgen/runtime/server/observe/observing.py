@@ -29,6 +29,10 @@ class Observing:
         """The observers `settings` asks for; `inflight` tells the metrics the requests holding each model version
         (`ModelRepository.inflight`)."""
         statistics = Statistics()
-        metrics = Metrics(statistics, inflight, settings.metrics_buckets) if settings.metrics else None
-        observers = Observers(observer for observer in (statistics, metrics, tracing) if observer is not None)
+        observers = Observers([statistics])
+        metrics = Metrics(statistics, inflight, settings.metrics_buckets, observers.settled) if settings.metrics \
+            else None
+        for observer in (metrics, tracing):
+            if observer is not None:
+                observers.append(observer)
         return cls(statistics, metrics, tracing, observers)
