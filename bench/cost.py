@@ -5,9 +5,10 @@ noise of a loaded machine.
 A workload of bench/loadgen.py (its very request: body and headers, or gRPC message) goes to what answers it in
 the server, built as `serve` builds it over bench/servers/oipgen_repo (`Assembly`): a REST request as its bytes
 through the server's HTTP layer (bench/http_in_process.py: httptools' parser, then the direct or the ASGI way, as
-the server takes it), a unary gRPC request through the gRPC thread's handler (`in_thread`; where that hands the
-call to the event loop, the servicer's coroutine, as the server does; the dynamically batched model's from
-threads, as gRPC's threads call it, so that they batch), a stream through the servicer's stream method. Every
+the server takes it), a unary gRPC request as grpcio's polling thread and the pool's threads take it: answered
+where it arrives when the server does so (`InThread.answers_here`: an inline model's, at once or once its
+dynamic batch has run), else through the gRPC thread's handler (`in_thread`; where that hands the call to the
+event loop, the servicer's coroutine, as the server does), a stream through the servicer's stream method. Every
 answer is checked as the load generator checks it. Per workload: CPU per request (the whole process), Python calls
 per request (counted by a profile hook), and with `--profile` cProfile's functions with the most own time.
 Requests run one at a time, except the dynamically batched model's: `--batch N` at once (default 8), so that
@@ -39,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -133,12 +135,26 @@ def _grpc(handler: Any, servicer: Any, name: str) -> Callable[[], Awaitable[None
 
         return stream
 
-    threaded = name.startswith("batched")  # batched by the threads waiting for it: called from threads here
+    threaded = name.startswith("batched")  # a model batched by the threads waiting for it: called from threads here
     pool = concurrent.futures.ThreadPoolExecutor(16) if threaded else None
+    loop_thread = threading.get_ident()
 
     async def one(check: bool = False) -> None:
         request = parse(wire)  # as grpcio hands it over: parsed by the handler's deserializer
-        if pool is not None:
+        # First as grpcio's polling thread does (`WarmPool._arrived`): answered where it arrived, at once or, under
+        # dynamic batching, once its batch has run (by the arrival that fills it here, or the batcher's timer).
+        answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def respond(behavior: Any = None) -> None:
+            reply = (handler if behavior is None else behavior)(request, context)
+            if threading.get_ident() == loop_thread:
+                answered.set_result(reply)
+            else:
+                answered.get_loop().call_soon_threadsafe(answered.set_result, reply)
+
+        if handler.answers_here(request, [], respond):
+            reply = await answered
+        elif pool is not None:
             reply = await asyncio.get_running_loop().run_in_executor(pool, handler, request, context)
         else:
             reply = handler(request, context)

@@ -651,11 +651,10 @@ def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: p
     lean = lean_way(dp)
     other = lookup("quick", "")
     assert other is not None
-    after: list[Callable[[], None]] = []
-    lean.here = (request("quick"), other, after)  # what the polling thread holds for its own call
+    lean.here = (request("quick"), other)  # what the polling thread holds for its own call
     reply = parsed(lean(request("simple")))
     assert reply.model_name == "simple" and reply == general(dp, request("simple"))
-    assert after == [] and counts(dp, "simple")["success"][0] == 2  # recorded now, not left to the other call
+    assert lean.unrecorded is None and counts(dp, "simple")["success"][0] == 2  # recorded now, not left to the other
 
 
 class Quick(Simple):
@@ -681,9 +680,9 @@ def answer_here(dp: DataPlane, message: Any, while_sending: Callable[[], None], 
 
 
 def test_the_polling_thread_sends_the_reply_before_it_records_the_request() -> None:
-    """An inline model's call answered in the polling thread: its record (statistics, its hold on the model) and
-    the transport's count are made once the reply is sent, not before, and then exactly as the general way makes
-    them; its durations end when the reply was ready (a slow send is in none of them)."""
+    """An inline model's call answered in the polling thread: its record (statistics, its hold on the model) is
+    made once the reply is sent, not before, and then exactly as the general way makes it; its durations end when
+    the reply was ready (a slow send is in none of them)."""
     dp, general_dp = plane(Quick(), settings=Settings(metrics=True)), plane(Quick(), settings=Settings(metrics=True))
     observed: list[tuple[str, str]] = []
     seen_while_sending: list[Any] = []
@@ -695,7 +694,7 @@ def test_the_polling_thread_sends_the_reply_before_it_records_the_request() -> N
 
     reply = answer_here(dp, request("quick"), sending, lambda rpc, code, *rest: observed.append((rpc, code)))
     assert parsed(reply) == general(general_dp, request("quick"))
-    assert seen_while_sending == [(None, 1, [])]
+    assert seen_while_sending == [(None, 1, [("ModelInfer", "OK")])]
     assert observed == [("ModelInfer", "OK")] and dp.repository.inflight()[("quick", "1")] == 0
     a, b = counts(dp, "quick"), counts(general_dp, "quick")
     assert {k: v[0] if isinstance(v, tuple) else v for k, v in a.items()} == {

@@ -24,12 +24,10 @@ through the pipeline's `finish` and the transport's encoder, which check and ref
 
 from __future__ import annotations
 
-import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Final
 
 import grpc
@@ -38,6 +36,7 @@ import numpy as np
 from ... import codec
 from ...grpc import grpc_service_pb2 as pb
 from ...grpc.wire import ONE_BYTE_VARINTS, varint
+from ..core.accounting import Inference
 from ..core.lean import Plan
 from ..core.pipeline import Pipeline
 from ..model import TensorSpec
@@ -48,8 +47,6 @@ from .infer_codec import InferCodec, InferWire, Malformed, message_size
 from .servicer import Observe, metadata, metadata_of, status
 
 __all__ = ["NOT_HERE", "InThread", "Respond", "UnaryInfer", "in_thread"]
-
-log = logging.getLogger(__name__)
 
 NOT_HERE: Final = object()
 """What the thread's handler returns when the call must take the event loop's way."""
@@ -101,11 +98,12 @@ class UnaryInfer:
         self.encode = encode
         self.params = params if params is not None else _params
         self._wires: dict[int, _Wire] = {}  # by id(plan): a plan's wire, while it lives (`_Wire`)
-        # The call the polling thread is answering (`answers_here`): its message, the plan it looked up, and what is
-        # left to do once the reply is sent. That call's handler takes the plan rather than looking it up again,
-        # and leaves its request's record (and its own count) to be made then, so that they never delay the reply
-        # (`Observers.recording`); any other call's message is not this one.
-        self.here: tuple[Any, Plan, list[Callable[[], None]]] | None = None
+        # The call the polling thread is answering (`answers_here`): its message and the plan it looked up. That
+        # call's handler takes the plan rather than looking it up again, and leaves its request's record to be made
+        # once the reply is sent (`unrecorded`), so that the record never delays the reply (`Observers.recording`);
+        # any other call's message is not this one.
+        self.here: tuple[Any, Plan] | None = None
+        self.unrecorded: Inference | None = None
 
     def __call__(self, message: Any, trace: dict[str, str] | None = None, raw: Sequence[Any] | None = None) -> Any:
         """The reply (serialized) to `message`, or None when it takes the general way (nothing happened yet).
@@ -115,12 +113,8 @@ class UnaryInfer:
         start = time.perf_counter_ns()
         lean = self.lean
         here = self.here
-        after = None
-        plan: Plan | None
-        if here is not None and here[0] is message:
-            plan, after = here[1], here[2]
-        else:
-            plan = self.plan(message)
+        answered_here = here is not None and here[0] is message
+        plan = here[1] if here is not None and answered_here else self.plan(message)
         read = self._read(plan, message, raw) if plan is not None and plan.plain else None
         if plan is None or read is None:
             return None
@@ -133,18 +127,12 @@ class UnaryInfer:
         except BaseException as exc:
             run.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if after is None:
-            run.__exit__(None, None, None)
-        else:  # recorded once the reply is sent, as of now
+        if answered_here:  # recorded once the reply is sent, as of now
             run.answered = time.perf_counter_ns()
-            after.append(partial(run.__exit__, None, None, None))
+            self.unrecorded = run
+        else:
+            run.__exit__(None, None, None)
         return reply
-
-    def after_reply(self, message: Any) -> list[Callable[[], None]] | None:
-        """What is done once the reply to `message` is sent, when the polling thread answers it (`answers_here`):
-        append to it; None when the call is answered otherwise (do it now)."""
-        here = self.here
-        return here[2] if here is not None and here[0] is message else None
 
     def plan(self, message: Any) -> Plan | None:
         """The plan of the model version a request message names (`Lean.plan`)."""
@@ -343,11 +331,7 @@ def in_thread(
                     observe(rpc, code, start, request, sent)
             if reply is not None:
                 if observe is not None:
-                    after = lean.after_reply(wire.message if wire is not None else request)
-                    if after is None:
-                        observe(rpc, code, start, request, message_size(reply))
-                    else:
-                        after.append(partial(observe, rpc, code, start, request, message_size(reply)))
+                    observe(rpc, code, start, request, message_size(reply))
                 return reply
         message = wire.message if wire is not None else request
         if not pipeline.runs_in_thread(message.model_name, message.model_version):
@@ -370,7 +354,7 @@ def in_thread(
 
     def answers_here(request: Any, pairs: Sequence[tuple[str, Any]], respond: Respond) -> bool:
         """Answer a call whose request has just arrived, where it is, when that never waits: a request to an inline
-        model that runs alone at once (`Plan.inline`; its record and count made once its reply is sent), one to an
+        model that runs alone at once (`Plan.inline`; its record made once its reply is sent), one to an
         inline model that batches once its batch has run (`Plan.batches_on_arrival`, `UnaryInfer.arrive`).
         Anything else (a malformed request, any other model) may wait: False."""
         wire = request if type(request) is InferWire else None
@@ -381,18 +365,15 @@ def in_thread(
         if plan is None:
             return False
         if plan.inline:
-            after: list[Callable[[], None]] = []
-            lean.here = (message, plan, after)
+            lean.here = (message, plan)
             with recording:  # until the reply's record is made (`Observers.recording`)
                 try:
                     respond()
                 finally:
                     lean.here = None
-                    for task in after:
-                        try:
-                            task()
-                        except Exception:  # the others are still done
-                            log.exception("recording an answered gRPC call failed")
+                    run, lean.unrecorded = lean.unrecorded, None
+                    if run is not None:
+                        run.__exit__(None, None, None)
             return True
         if not plan.batches_on_arrival:
             return False
