@@ -196,7 +196,7 @@ class Metrics(Observer):
     counted by the statistics (`Statistics.keep_durations`), under the lock they take anyway; a transport counts
     its answer (`count`). The pending requests of a model version are those holding it in the model repository
     (`inflight`: `ModelRepository.inflight`), which also tells which model versions are loaded. Labels are made at
-    scrape time, once every request answered so far is counted (`settled`: `Observers.settled`).
+    scrape time, once every request answered so far is recorded (`settled`: `Observers.settled`).
     """
 
     def __init__(self, statistics: Statistics, inflight: Callable[[], Mapping[tuple[str, str], int]],
@@ -249,8 +249,6 @@ class Metrics(Observer):
     @property
     def requests(self) -> dict[tuple[str, str, str], int]:
         """Answered requests, by (transport, operation, code): the HTTP status or gRPC code's name."""
-        if self.settled is not None:
-            self.settled()
         counted: dict[tuple[str, str, str], int] = {}
         for (transport, operation, code), n in self._totals().requests.items():
             key = (transport, operation, str(code))
