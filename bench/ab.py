@@ -15,6 +15,12 @@ recorded: its `GET /v2` answer and, of the variables given, the values in its ow
 
     python bench/ab.py simple_grpc -c 8 [--rounds 8] [-d 3] [-w 1] --b-env GRPC_EXPERIMENTS=...
     python bench/ab.py text_rest_json -c 8 --a-package /tmp/base/generated      # the base commit's build as A
+    python bench/ab.py text_grpc -c 1 --perf-analyzer --a-package /tmp/base/generated
+
+With `--perf-analyzer` each turn is a perf_analyzer measurement (sync mode, three windows of `-d` seconds, pinned
+to the client CPU, as `make bench` runs it) instead of bench/loadgen.py: a lighter client, so that a change to the
+server's share of the latency (at c=1, say) shows; the server CPU per inference is its CPU over the turn divided
+by the inferences its statistics extension counted.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen
+import pa
+import run
 import servers
 from servers import BENCH
 
@@ -95,7 +103,8 @@ def compare(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 def markdown(document: dict[str, Any]) -> str:
     meta, summary = document["meta"], document["summary"]
     lines = [
-        f"# A/B: {meta['workload']} c={meta['concurrency']}, {meta['rounds']} paired rounds of {meta['duration_s']} s",
+        f"# A/B: {meta['workload']} c={meta['concurrency']}, {meta['rounds']} paired rounds of {meta['duration_s']} s"
+        + (" (perf_analyzer: three windows a turn)" if meta.get("tool") == "perf_analyzer" else ""),
         "",
     ]
     for side in SIDES:
@@ -131,11 +140,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(f"--{side}-package", type=Path, help="the folder holding the `oip` package to run")
         p.add_argument(f"--{side}-env", action="append", default=[], metavar="KEY=VALUE")
         p.add_argument(f"--{side}-serve", default="", metavar="FLAGS", help="flags of `python -m oip serve`")
+    p.add_argument("--perf-analyzer", action="store_true",
+                   help="drive each turn with perf_analyzer (three windows of -d seconds) instead of loadgen.py")
     p.add_argument("--cache", type=Path, default=BENCH / ".cache")
     p.add_argument("--json", type=Path, help="also write the rounds and the summary here")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.duration <= 0 or args.warmup < 0:
         p.error("--rounds must be at least 1, --duration positive, --warmup not negative")
+    if args.perf_analyzer:
+        if args.workload not in pa.ARGS or args.workload in pa.NOT_APPLICABLE:
+            p.error(f"perf_analyzer does not send {args.workload}: {pa.NOT_APPLICABLE.get(args.workload, 'no args')}")
+        if pa.command(args.cache) is None:
+            p.error("perf_analyzer is not set up: bash bench/setup.sh")
     args.sides = {}
     for side in SIDES:
         low = side.lower()
@@ -152,6 +168,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             env[key] = value
         args.sides[side] = Side(side, package, env, tuple(shlex.split(getattr(args, f"{low}_serve"))))
     return args
+
+
+def _turn(server: servers.Running, args: argparse.Namespace) -> dict[str, Any]:
+    """One side's turn: its figures, or {"error": ...}."""
+    if not args.perf_analyzer:
+        return servers.run_loadgen(
+            server, args.workload, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup,
+            elements=args.elements, request_timeout=args.request_timeout,
+        )
+
+    def measure() -> dict[str, Any]:
+        with run.pinned(servers.CLIENT_CPU):
+            return pa.run(args.cache, args.workload, server.rest, server.grpc, args.concurrency, args.elements,
+                          window_ms=round(args.duration * 1000), trials=3)
+
+    return run.observed(server, measure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = SIDES if turn % 2 == 0 else SIDES[::-1]
                 results: dict[str, dict[str, Any]] = {}
                 for name in order:
-                    results[name] = servers.run_loadgen(
-                        running[name], args.workload, concurrency=args.concurrency, duration=args.duration,
-                        warmup=args.warmup, elements=args.elements, request_timeout=args.request_timeout,
-                    )
+                    results[name] = _turn(running[name], args)
                 rounds.append(results)
                 log(f"[{turn + 1}/{args.rounds}] " + "; ".join(
                     f"{name} " + (f"ERROR {r['error'][:120]}" if "error" in r else
@@ -189,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                 servers.stop(server)
     document = {
         "meta": {"workload": args.workload, "concurrency": args.concurrency, "rounds": args.rounds,
-                 "duration_s": args.duration, "warmup_s": args.warmup, "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                 "duration_s": args.duration, "warmup_s": args.warmup,
+                 "tool": "perf_analyzer" if args.perf_analyzer else "loadgen",
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                  "server_cpu": servers.SERVER_CPU, "client_cpu": servers.CLIENT_CPU, "sides": seen},
         "rounds": rounds,
         "summary": compare(rounds),

@@ -99,7 +99,7 @@ def observed(server: servers.Running, measure: Callable[[], dict[str, Any]]) -> 
 
 
 def run_pa(server: servers.Running, scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
-    with _pinned(CLIENT_CPU):
+    with pinned(CLIENT_CPU):
         try:
             return pa.run(args.cache, scenario.workload, server.rest, server.grpc, scenario.concurrency,
                           args.elements, window_ms=args.pa_window_ms, trials=args.pa_trials)  # fmt: skip
@@ -108,7 +108,7 @@ def run_pa(server: servers.Running, scenario: Scenario, args: argparse.Namespace
 
 
 @contextlib.contextmanager
-def _pinned(cpu: str):  # type: ignore[no-untyped-def]
+def pinned(cpu: str):  # type: ignore[no-untyped-def]
     """Children started inside run on `cpu` (the affinity is inherited)."""
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {int(cpu)})

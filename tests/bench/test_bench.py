@@ -303,6 +303,35 @@ def test_ab_runs_each_side_as_given(tmp_path: Path) -> None:
     assert "| paired B/A | median |" in done.stdout and "--server-name b-side" in done.stdout
 
 
+def test_ab_takes_turns_with_perf_analyzer(tmp_path: Path) -> None:
+    """`bench/ab.py --perf-analyzer`: each turn is a perf_analyzer run, whose inferences the server counted and
+    whose server CPU per inference is over that count; a workload perf_analyzer cannot send is refused."""
+    import pa
+
+    cache = BENCH / ".cache"
+    if pa.command(cache) is None:
+        done = subprocess.run(["bash", str(BENCH / "setup.sh"), str(cache)],
+                              env={**os.environ, "BENCH_SETUP_ONLY": "perf_analyzer"},
+                              capture_output=True, text=True, timeout=1200, check=False)
+        assert done.returncode == 0, f"bench/setup.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    out = tmp_path / "ab.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "ab.py"), "simple_grpc", "-c", "1", "--rounds", "1", "-d", "0.3",
+         "--perf-analyzer", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert document["meta"]["tool"] == "perf_analyzer" and "(perf_analyzer" in done.stdout
+    for side in ("A", "B"):
+        turn = document["rounds"][0][side]
+        assert turn["tool"] == "perf_analyzer" and turn["server_count"] >= turn["infer_per_s"] * 0.3, turn
+        assert turn["server_cpu_us_per_infer"] > 0, turn
+    refused = subprocess.run([sys.executable, str(BENCH / "ab.py"), "text_rest_json", "--perf-analyzer"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "perf_analyzer does not send text_rest_json" in refused.stderr
+
+
 def test_ab_summary_pairs_the_rounds() -> None:
     """The paired ratios are B over A round by round (not a ratio of medians), and B is better on CPU when lower."""
     def side(rate: float, cpu: float) -> dict[str, float]:
