@@ -26,7 +26,7 @@ from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings
 from oip.server.grpc import decode_infer_request, encode_infer_response
 from oip.server.grpc.in_thread import UnaryInfer
-from oip.server.model import DynamicBatching
+from oip.server.model import DynamicBatching, TensorSpec
 from oip.server.observe.events import ExecutionRecord, InferenceRecord, Observer
 
 TIMEOUT = 30.0
@@ -733,3 +733,53 @@ def test_whoever_reads_the_counts_meanwhile_waits_for_the_record(reader: str) ->
     answer_here(dp, request("quick"), sending)
     readers[0].join(TIMEOUT)
     assert got == [1 if reader != "pending" else 0]
+
+
+@pytest.mark.parametrize("form", ["raw", "contents"])
+def test_a_batching_plan_keys_its_requests_as_their_arrays_key_them(form: str) -> None:
+    """Under dynamic batching, the plan's batch key (taken for every request without parameters, in place of
+    `batch_key` of its arrays) is exactly `batch_key` of the arrays the lean way reads, for inputs of every
+    datatype it takes in either form; a model with an input of variable shape after the batch dimension has none
+    (each request's arrays are keyed)."""
+    from oip.server.core.batching import batch_key
+
+    datatypes = ["BOOL", "UINT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
+    if form == "contents":
+        datatypes.remove("FP16")  # raw contents only
+
+    class Many(Model):
+        name = "many"
+        inputs = tuple(TensorSpec(f"IN_{dt}", dt, [2, 3]) for dt in datatypes)
+        outputs = (TensorSpec("OUT", "INT32", [1]),)
+        max_batch_size = 4
+        dynamic_batching = DynamicBatching()
+        inline = True
+
+        def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+            return {"OUT": np.zeros((len(inputs["IN_INT32"]), 1), np.int32)}
+
+    class Wide(Many):
+        name = "wide"
+        inputs = (TensorSpec("IN", "INT32", [-1]),)
+
+    dp = plane(Many(), Wide())
+    lean = lean_way(dp)
+    message = pb.ModelInferRequest(model_name="many")
+    for dt in datatypes:
+        dtype = {"BOOL": bool, "BYTES": object}.get(dt, dt.lower().replace("fp", "float"))
+        array = np.ones((2, 2, 3), dtype=dtype) if dt != "BYTES" else np.full((2, 2, 3), b"ab", dtype=object)
+        tensor = message.inputs.add(name=f"IN_{dt}", datatype=dt, shape=array.shape)
+        if form == "raw":
+            message.raw_input_contents.append(bytes(codec.to_raw(array, dt)))
+        else:
+            field, values = codec.to_contents(array, dt)
+            getattr(tensor.contents, field).extend(values)
+    plan = lean.plan(message)
+    assert plan is not None and plan.batch_key is not None
+    read = lean._read(plan, message, None)
+    assert read is not None, "the lean way takes the request"
+    arrays = read[1]
+    assert plan.batch_key == batch_key(arrays, {}) and hash(plan.batch_key) == hash(batch_key(arrays, {}))
+    wide = lean.plan(pb.ModelInferRequest(model_name="wide"))
+    assert wide is not None and wide.batching and wide.batch_key is None
+

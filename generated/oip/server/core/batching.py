@@ -120,13 +120,19 @@ class Entry:
         return not future.done()
 
 
-def new_entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Share] | None) -> Entry:
-    rows = batch_rows(inputs)
+def new_entry(inputs: Arrays, parameters: dict[str, Any], future: asyncio.Future[Share] | None,
+              rows: int | None = None, key: Hashable | None = None) -> Entry:
+    """A request's entry in a queue. `rows` and `key`, when the caller knows them (the lean way's plan), are what
+    `batch_rows` and `batch_key` would make of the request."""
+    if rows is None:
+        rows = batch_rows(inputs)
+    if rows is not None and key is None:
+        key = batch_key(inputs, parameters)
     return Entry(
         inputs=inputs,
         parameters=parameters,
         rows=rows if rows is not None else 0,
-        key=batch_key(inputs, parameters) if rows is not None else object(),  # no batch size: runs alone
+        key=key if rows is not None else object(),  # no batch size: runs alone
         arrived=time.perf_counter_ns(),
         future=future,
     )
@@ -180,13 +186,14 @@ class Batcher:
         self._report = report
 
     async def infer(
-        self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunModel
+        self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunModel, rows: int | None = None,
+        key: Hashable | None = None,
     ) -> tuple[BatchResult, int, int, int]:
         """This request's share of a batched call, `(outputs, response parameters)`, and when (in
         `time.perf_counter_ns`) its batch was formed, the model started and the model ended. `inputs` are
-        validated arrays with the batch dimension first; `run` calls the model."""
+        validated arrays with the batch dimension first; `run` calls the model (`rows`, `key`: see `new_entry`)."""
         future: asyncio.Future[Share] = asyncio.get_running_loop().create_future()
-        self._enqueue(model, run, new_entry(inputs, parameters, future))
+        self._enqueue(model, run, new_entry(inputs, parameters, future, rows, key))
         return await future
 
     def _enqueue(self, model: Model, run: RunModel, entry: Entry) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -128,6 +128,13 @@ class Plan:
         self.dtypes = {spec.name: np.dtype(datatypes.BY_NAME[spec.datatype].dtype) for spec in model.outputs}
         self.shapes = {spec.name: tuple(declared_shape(model, spec)) for spec in model.outputs}
         self.fitting: set[tuple[str, tuple[int, ...]]] = set()  # (output, shape) found to fit a variable shape
+        # Under dynamic batching, with every input's shape fixed after the batch dimension: the batch key of every
+        # request it takes without parameters (`batching.batch_key`: its arrays are of the inputs' dtypes, which
+        # every decoder gives, and of the declared shapes, which `InputPlan.count` checked); None otherwise.
+        self.batch_key: Hashable | None = None
+        if self.batching and all(-1 not in plan.shape[1:] for plan in self.inputs.values()):
+            self.batch_key = tuple(sorted((plan.name, plan.dtype, tuple(plan.shape[1:]))
+                                          for plan in self.inputs.values()))
 
     @staticmethod
     def allows(model: Model) -> bool:
@@ -258,7 +265,7 @@ class Lean:
         run.batch_size = batch_size
         if plan.batching:
             share, run.formed, run.started, run.ended = self.thread_batcher.infer(
-                run.model, arrays, parameters, self._call)
+                run.model, arrays, parameters, self._call, batch_size, None if parameters else plan.batch_key)
             run.alone = False
             return _result(share)
         slots = None if plan.inline else self.slots
@@ -288,7 +295,8 @@ class Lean:
             result, run.formed, run.started, run.ended = share
             done(_result(result), None)
 
-        self.arrival_batcher.add(run.model, arrays, parameters, _call_inline, ran)
+        self.arrival_batcher.add(run.model, arrays, parameters, _call_inline, ran, batch_size,
+                                 None if parameters else plan.batch_key)
 
     def _call(self, model: Model, inputs: dict[str, Any], parameters: dict[str, Any]) -> tuple[Any, int, int]:
         """A batch's model call in this thread, in one of the model slots: the result, when it started and ended."""
@@ -307,8 +315,8 @@ class Lean:
         request."""
         run.queued = time.perf_counter_ns()
         if plan.batching:
-            share, run.formed, run.started, run.ended = await self.batcher.infer(run.model, arrays, parameters,
-                                                                                 self.run)
+            share, run.formed, run.started, run.ended = await self.batcher.infer(
+                run.model, arrays, parameters, self.run, batch_size, None if parameters else plan.batch_key)
             run.batch_size, run.alone = batch_size, False
             result = _result(share)
         else:

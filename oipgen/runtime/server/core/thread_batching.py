@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from ..errors import ModelFailure
@@ -56,9 +56,11 @@ class ThreadBatcher:
         self._lock = threading.Lock()
         self._report = report
 
-    def infer(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread) -> Share:
-        """This request's share of a batched call and its moments, as `Batcher.infer` gives them."""
-        entry = new_entry(inputs, parameters, None)
+    def infer(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread,
+              rows: int | None = None, key: Hashable | None = None) -> Share:
+        """This request's share of a batched call and its moments, as `Batcher.infer` gives them (`rows`, `key`:
+        see `new_entry`)."""
+        entry = new_entry(inputs, parameters, None, rows, key)
         entry.wake = threading.Lock()
         entry.wake.acquire()
         queue = self._queues.get(id(model))
@@ -165,10 +167,12 @@ class ArrivalBatcher:
         self._bell.acquire()
         self._thread: threading.Thread | None = None
 
-    def add(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread, done: Done) -> None:
+    def add(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread, done: Done,
+            rows: int | None = None, key: Hashable | None = None) -> None:
         """Queue a request (validated arrays, batch dimension first) to `model`, run by `run` in whichever thread
-        runs its batch; `done` is called there with the request's share and its moments, or with the error."""
-        entry = new_entry(inputs, parameters, None)
+        runs its batch; `done` is called there with the request's share and its moments, or with the error
+        (`rows`, `key`: see `new_entry`)."""
+        entry = new_entry(inputs, parameters, None, rows, key)
         entry.done = done
         queue = self._queues.get(id(model))
         if queue is None or queue.model is not model:
