@@ -187,11 +187,8 @@ def test_requests_are_written_as_the_clients_write_them() -> None:
     assert len(rest.body) == length + 2 * 64  # both inputs binary, as tritonclient sends them by default
 
 
-@pytest.mark.parametrize("workload", ["text_rest_binary", "text_grpc", "batched_rest", "batched_grpc",
-                                      "decoupled_grpc", "simple_params_grpc"])
-def test_perf_analyzer_sends_the_new_workloads(ours: servers.Running, workload: str) -> None:
-    """perf_analyzer (from bench/setup.sh's perf_analyzer step) completes a run of each workload it can send
-    against our server, and the server counted the inferences it reports."""
+def perf_analyzer_set_up() -> Path:
+    """The bench cache folder, with perf_analyzer in it (bench/setup.sh's perf_analyzer step, run when missing)."""
     import pa
 
     cache = BENCH / ".cache"
@@ -200,6 +197,17 @@ def test_perf_analyzer_sends_the_new_workloads(ours: servers.Running, workload: 
                               env={**os.environ, "BENCH_SETUP_ONLY": "perf_analyzer"},
                               capture_output=True, text=True, timeout=1200, check=False)
         assert done.returncode == 0, f"bench/setup.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    return cache
+
+
+@pytest.mark.parametrize("workload", ["text_rest_binary", "text_grpc", "batched_rest", "batched_grpc",
+                                      "decoupled_grpc", "simple_params_grpc"])
+def test_perf_analyzer_sends_the_new_workloads(ours: servers.Running, workload: str) -> None:
+    """perf_analyzer (from bench/setup.sh's perf_analyzer step) completes a run of each workload it can send
+    against our server, and the server counted the inferences it reports."""
+    import pa
+
+    cache = perf_analyzer_set_up()
     before = servers.inference_count(ours)
     result = pa.run(cache, workload, ours.rest, ours.grpc, 2, window_ms=300, trials=6, timeout=300)
     after = servers.inference_count(ours)
@@ -306,14 +314,7 @@ def test_ab_runs_each_side_as_given(tmp_path: Path) -> None:
 def test_ab_takes_turns_with_perf_analyzer(tmp_path: Path) -> None:
     """`bench/ab.py --perf-analyzer`: each turn is a perf_analyzer run, whose inferences the server counted and
     whose server CPU per inference is over that count; a workload perf_analyzer cannot send is refused."""
-    import pa
-
-    cache = BENCH / ".cache"
-    if pa.command(cache) is None:
-        done = subprocess.run(["bash", str(BENCH / "setup.sh"), str(cache)],
-                              env={**os.environ, "BENCH_SETUP_ONLY": "perf_analyzer"},
-                              capture_output=True, text=True, timeout=1200, check=False)
-        assert done.returncode == 0, f"bench/setup.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    perf_analyzer_set_up()
     out = tmp_path / "ab.json"
     done = subprocess.run(
         [sys.executable, str(BENCH / "ab.py"), "simple_grpc", "-c", "1", "--rounds", "1", "-d", "0.3",
