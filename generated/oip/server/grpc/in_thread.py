@@ -117,8 +117,11 @@ class UnaryInfer:
         start = time.perf_counter_ns()
         lean = self.lean
         here = self.here
-        answered_here = here is not None and here[0] is message
-        plan = here[1] if here is not None and answered_here else self.plan(message)
+        if here is not None and here[0] is message:  # the polling thread's own call (`answers_here`)
+            plan: Plan | None = here[1]
+            answered_here = True
+        else:
+            plan, answered_here = self.plan(message), False
         read = self._read(plan, message, raw) if plan is not None and plan.plain else None
         if plan is None or read is None:
             return None
