@@ -1,16 +1,18 @@
 """The gRPC server's thread pool (`oip.server.grpc.pool.WarmPool`): the thread that went idle last takes the next
 call; at most `max_workers` calls run at once, the rest wait in arrival order; a call's result or exception is its
-future's; shutdown ends the threads. The suite's gRPC tests over real sockets run every call through it."""
+`Call`'s, whose callbacks run once it is over (grpcio counts its calls so); shutdown ends the threads. The suite's
+gRPC tests over real sockets run every call through it."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from concurrent.futures import Future
-from typing import Any
+from concurrent.futures import CancelledError
 
+import grpc
 import pytest
-from oip.server.grpc.pool import WarmPool
+from oip.server.grpc.pool import Call, WarmPool
 
 WAIT = 10.0  # seconds: a bound on every wait, never the expected time
 
@@ -82,9 +84,10 @@ def test_a_calls_result_and_exception_are_its_futures() -> None:
     pool = WarmPool(1)
     try:
         assert pool.submit(lambda a, b=0: a + b, 2, b=3).result(WAIT) == 5
-        failed: Future[Any] = pool.submit(lambda: 1 / 0)
+        failed: Call = pool.submit(lambda: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             failed.result(WAIT)
+        assert isinstance(failed.exception(0), ZeroDivisionError)
         assert pool.submit(lambda: "still serving").result(WAIT) == "still serving"
     finally:
         pool.shutdown()
@@ -170,4 +173,97 @@ def test_a_failing_initializer_is_logged_and_the_call_still_runs(caplog: pytest.
         assert any("initializer failed" in record.getMessage() and record.exc_info for record in caplog.records)
         assert pool.submit(lambda: "again").result(WAIT) == "again"
     finally:
+        pool.shutdown()
+
+
+def test_a_calls_callbacks_run_once_it_is_over_and_at_once_when_added_after() -> None:
+    pool = WarmPool(1)
+    try:
+        release = threading.Event()
+        seen: list[str] = []
+        call = pool.submit(_held, release, seen)
+        told: list[tuple[str, Call, bool]] = []
+        call.add_done_callback(lambda over: told.append(("before", over, over.done())))
+        _when_started(seen, 1)
+        assert told == [] and not call.done()
+        with pytest.raises(TimeoutError):
+            call.result(0.01)
+        release.set()
+        assert call.result(WAIT) == seen[0]
+        assert told == [("before", call, True)]
+        call.add_done_callback(lambda over: told.append(("after", over, over.done())))
+        assert told == [("before", call, True), ("after", call, True)]  # in the caller's thread, at once
+    finally:
+        pool.shutdown()
+
+
+def test_a_failing_callback_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    pool = WarmPool(1)
+    try:
+        release = threading.Event()
+        call = pool.submit(_held, release, [])
+        told: list[int] = []
+        call.add_done_callback(lambda _: 1 / 0)
+        call.add_done_callback(lambda _: told.append(1))
+        with caplog.at_level(logging.ERROR, logger="oip.server.grpc.pool"):
+            release.set()
+            call.result(WAIT)
+            _idle(pool, 1)
+        assert told == [1]
+        assert any("callback" in record.getMessage() and record.exc_info for record in caplog.records)
+        assert pool.submit(lambda: "still serving").result(WAIT) == "still serving"
+    finally:
+        pool.shutdown()
+
+
+def test_a_call_cancelled_at_shutdown_never_runs_and_its_callbacks_run() -> None:
+    pool = WarmPool(1)
+    release = threading.Event()
+    seen: list[str] = []
+    held = pool.submit(_held, release, seen)
+    _when_started(seen, 1)
+    ran: list[str] = []
+    queued = pool.submit(ran.append, "queued")
+    told: list[bool] = []
+    queued.add_done_callback(lambda over: told.append(over.cancelled()))
+    held.add_done_callback(lambda over: told.append(over.cancelled()))
+    stopper = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
+    stopper.start()
+    deadline = time.monotonic() + WAIT
+    while not queued.done():
+        assert time.monotonic() < deadline, "the waiting call was not cancelled"
+        time.sleep(0.001)
+    assert told == [True] and not held.cancel()  # a running call cannot be
+    release.set()
+    stopper.join(WAIT)
+    assert not stopper.is_alive()
+    assert told == [True, False] and ran == []
+    with pytest.raises(CancelledError):
+        queued.result(0)
+    assert queued.cancel() and queued.cancelled() and held.result(0) == seen[0]
+
+
+def test_grpcio_counts_the_calls_of_the_pool_over() -> None:
+    """grpcio counts the calls it runs by the callbacks of what `submit` returns: with a bound on concurrent calls,
+    a call whose end it was never told of would hold a place for ever, and the bound would refuse every call."""
+    pool = WarmPool(2, "test-pool")
+    server = grpc.server(pool, maximum_concurrent_rpcs=1)  # type: ignore[arg-type]
+    method = grpc.unary_unary_rpc_method_handler(lambda request, context: request[::-1])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", {"Reverse": method}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reverse = channel.unary_unary("/test.Echo/Reverse")
+            deadline = time.monotonic() + WAIT
+            for i in range(5):
+                while True:  # the reply may reach us just before grpcio is told the call is over: then try again
+                    try:
+                        assert reverse(b"call %d" % i, timeout=WAIT) == b"%d llac" % i
+                        break
+                    except grpc.RpcError as exc:
+                        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                        time.sleep(0.01)
+    finally:
+        server.stop(None).wait(WAIT)
         pool.shutdown()

@@ -9,6 +9,11 @@ stay warm and the others sleep. What a call may do is unchanged: as many calls r
 threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order. A
 unary call is given to a thread only once its request has arrived (`arrival`).
 
+What `submit` returns is the call's `Call`: its outcome, and the one thing grpcio asks of it (a callback once it is
+over, by which grpcio counts the calls it runs). `concurrent.futures.Future` would serve, but makes a condition
+variable for every call and enters it three times; a `Call` takes one plain lock, and makes an event only for a
+caller that waits on its result.
+
 A unary call that the server can answer without waiting (`answers_here`: inference on a model declared quick and
 never blocking, `Model.inline`) is not handed to a thread at all: grpcio's polling thread, which has just received
 its request, answers it there and then, as the event loop calls such a model for REST, or, for a model that
@@ -26,16 +31,109 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
+from concurrent.futures import CancelledError
+from typing import Any, Final
 
 from . import arrival
 
-__all__ = ["AnswersHere", "WarmPool"]
+__all__ = ["AnswersHere", "Call", "WarmPool"]
 
 log = logging.getLogger(__name__)
 
-_Item = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_PENDING: Final = 0
+_RUNNING: Final = 1
+_DONE: Final = 2  # finished, with its result or its exception
+_CANCELLED: Final = 3  # never ran (the pool shut down first)
+
+
+class Call:
+    """One call submitted to a `WarmPool` (see the module's description): `result` and `exception` wait for it as
+    a `concurrent.futures.Future`'s do, and `add_done_callback`'s callbacks run once it is over (finished or
+    cancelled), in the thread that ended it, or at once in the caller's when it is over already."""
+
+    __slots__ = ("_callbacks", "_error", "_lock", "_result", "_state", "_waiter")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = _PENDING
+        self._callbacks: list[Callable[[Call], Any]] | None = None
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._waiter: threading.Event | None = None  # made by the first caller that waits before the end
+
+    def add_done_callback(self, fn: Callable[[Call], Any]) -> None:
+        with self._lock:
+            if self._state < _DONE:
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
+                return
+        _callback(fn, self)
+
+    def done(self) -> bool:
+        return self._state >= _DONE
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def cancel(self) -> bool:
+        """Cancel the call if it has not started: True when it will never run."""
+        return self._end(_CANCELLED, None, None) or self._state == _CANCELLED
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def _wait(self, timeout: float | None) -> None:
+        with self._lock:
+            waiter = None
+            if self._state < _DONE:
+                waiter = self._waiter = self._waiter or threading.Event()
+        if waiter is not None and not waiter.wait(timeout):
+            raise TimeoutError
+        if self._state == _CANCELLED:
+            raise CancelledError
+
+    def _start(self) -> bool:
+        """Whether the call is to run now (False: cancelled, or begun already)."""
+        with self._lock:
+            if self._state != _PENDING:
+                return False
+            self._state = _RUNNING
+            return True
+
+    def _end(self, state: int, result: Any, error: BaseException | None) -> bool:
+        """End the call (done once it ran, cancelled while pending) and run its callbacks: False when it could not
+        (over already, or running when cancelled)."""
+        with self._lock:
+            if self._state >= _DONE or (state == _CANCELLED and self._state == _RUNNING):
+                return False
+            self._result, self._error, self._state = result, error, state
+            callbacks, self._callbacks = self._callbacks, None
+            waiter = self._waiter
+        if waiter is not None:
+            waiter.set()
+        if callbacks is not None:
+            for fn in callbacks:
+                _callback(fn, self)
+        return True
+
+
+def _callback(fn: Callable[[Call], Any], call: Call) -> None:
+    try:
+        fn(call)
+    except Exception:  # as `Future` does: one failing callback neither stops the others nor the call's thread
+        log.exception("a callback of a gRPC call failed")
+
+
+_Item = tuple[Call, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 AnswersHere = Callable[[Any, Any, Any, Callable[..., None]], bool]
 """Whether a unary call is answered without a pool thread, given its handler, its request, its invocation metadata
 and `respond` (answer it in the calling thread: now, or later from the thread that runs its batch)."""
@@ -54,7 +152,8 @@ class _Worker:
 
 class WarmPool:
     """An executor of at most `max_workers` threads for grpcio's server (see the module's description): `submit`
-    and `shutdown` as `concurrent.futures.Executor` has them."""
+    (which returns a `Call`, where `concurrent.futures.Executor` returns a future) and `shutdown` as an executor
+    has them."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "",
                  initializer: Callable[[], None] | None = None,
@@ -75,12 +174,12 @@ class WarmPool:
         # description); asked in grpcio's polling thread.
         self._answers_here = answers_here
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        if args and arrival.defer(args, lambda given, request: self._arrived((future, fn, given, kwargs), request)):
-            return future  # handed to a thread once its request is in
-        self._hand((future, fn, args, kwargs))
-        return future
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Call:
+        call = Call()
+        if args and arrival.defer(args, lambda given, request: self._arrived((call, fn, given, kwargs), request)):
+            return call  # handed to a thread once its request is in
+        self._hand((call, fn, args, kwargs))
+        return call
 
     def _arrived(self, item: _Item, request: Any) -> None:
         """A unary call whose request has arrived (None: the client sent none): answered without a thread when
@@ -111,7 +210,7 @@ class WarmPool:
 
     def _hand(self, item: _Item) -> None:
         """Give `item` to the thread that went idle last, a new thread, or the backlog. RuntimeError after
-        `shutdown` (the future cancelled)."""
+        `shutdown` (its `Call` cancelled)."""
         with self._lock:
             if self._closed:
                 item[0].cancel()
@@ -174,12 +273,12 @@ def _direct(fn: Callable[..., Any], /, *args: Any) -> Any:
 
 
 def _run(item: _Item) -> None:
-    future, fn, args, kwargs = item
-    if not future.set_running_or_notify_cancel():
+    call, fn, args, kwargs = item
+    if not call._start():
         return
     try:
         result = fn(*args, **kwargs)
-    except BaseException as exc:  # the call's outcome is its future's, as in ThreadPoolExecutor
-        future.set_exception(exc)
+    except BaseException as exc:  # the call's outcome is its `Call`'s, as a future's in ThreadPoolExecutor
+        call._end(_DONE, None, exc)
     else:
-        future.set_result(result)
+        call._end(_DONE, result, None)
