@@ -35,6 +35,7 @@ import loadgen  # noqa: E402
 import report  # noqa: E402
 import scale  # noqa: E402
 import servers  # noqa: E402
+import timeline  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +332,53 @@ def test_ab_takes_turns_with_perf_analyzer(tmp_path: Path) -> None:
     refused = subprocess.run([sys.executable, str(BENCH / "ab.py"), "text_rest_json", "--perf-analyzer"],
                              capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 2 and "perf_analyzer does not send text_rest_json" in refused.stderr
+
+
+def test_timeline_reads_each_cycle_on_the_reply_socket() -> None:
+    """`bench/timeline.py`'s reading of a syscall recording: the socket is the one written the most bytes (an
+    eventfd's 8-byte writes are not it), a read that returned nothing and a request's second read do not start a
+    cycle, and "after" is the writing thread's next wait only when it comes before the next request is read."""
+    def enter(tid: int, at: float, number: int, fd: int) -> str:
+        return f"{tid} {at:.6f}: raw_syscalls:sys_enter: NR {number} ({fd:x}, 7f00, 0, 0, 0, 0)"
+
+    def leave(tid: int, at: float, number: int, result: int) -> str:
+        return f"{tid} {at:.6f}:  raw_syscalls:sys_exit: NR {number} = {result}"
+
+    sock, event = 0x13, 0xB
+    lines = [
+        "a line perf prints that is no event",
+        enter(7, 1.000000, 47, sock), leave(7, 1.000002, 47, -11),  # EAGAIN: no request yet
+        enter(7, 1.000010, 47, sock), leave(7, 1.000020, 47, 600),  # request 1 read
+        enter(7, 1.000030, 47, sock), leave(7, 1.000040, 47, 31),  # its rest
+        enter(8, 1.000050, 1, event), leave(8, 1.000051, 1, 8),  # another thread's eventfd
+        enter(8, 1.000060, 232, 0xC), leave(8, 1.000900, 232, 1),  # another thread waits
+        enter(7, 1.000220, 46, sock), leave(7, 1.000230, 46, 641),  # reply 1: server 200 us
+        enter(7, 1.000280, 232, 0xC), leave(7, 1.000500, 232, 1),  # waits 50 us after the reply
+        enter(7, 1.000510, 47, sock), leave(7, 1.000520, 47, 631),  # request 2: client 300 us
+        enter(7, 1.000620, 46, sock), leave(7, 1.000630, 46, 641),  # reply 2: server 100 us
+        enter(7, 1.000700, 47, sock), leave(7, 1.000720, 47, 631),  # request 3 (client 100 us), no wait before
+        enter(7, 1.000800, 232, 0xC), leave(7, 1.000810, 232, 1),
+        enter(7, 1.000900, 46, sock),  # no exit recorded: left out
+    ]
+    found = timeline.timeline(timeline.calls(lines))
+    assert found == {"socket": sock, "cycles": 2, "server_us": 150.0, "after_us": 50.0, "client_us": 200.0}
+    assert timeline.timeline([])["cycles"] == 0
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="perf is not installed")
+def test_timeline_records_our_server(tmp_path: Path) -> None:
+    """`bench/timeline.py` end to end on our server: as many cycles as the requests the load generator had answered
+    while recording (about), the server's share and the client's adding up to about the cycle the rate gives."""
+    probe = subprocess.run(["perf", "record", "-q", "-e", "raw_syscalls:sys_enter", "-o", str(tmp_path / "probe"),
+                            "--", "true"], capture_output=True, check=False)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip("perf cannot record system calls here: " + probe.stderr.decode(errors="replace")[-200:])
+    out = tmp_path / "timeline.json"
+    assert timeline.main(["simple_grpc", "-d", "1", "--json", str(out)]) == 0
+    found = json.loads(out.read_text())
+    assert found["server_us"] > 0 and found["client_us"] > 0 and found["after_us"] is not None, found
+    cycle_s = (found["server_us"] + found["client_us"]) / 1e6
+    assert 0.3 < found["cycles"] * cycle_s < 1.5, found  # the cycles recorded span about the second recorded
 
 
 def test_ab_summary_pairs_the_rounds() -> None:
