@@ -219,7 +219,7 @@ def _flatten_into(items: Iterable[Any], leaves: list[Any]) -> None:
 def _object_array(items: list[Any], dims: tuple[int, ...], name: str) -> Array:
     out = np.empty(len(items), dtype=object)
     out[:] = items
-    return _reshape(out, dims, name)
+    return out if len(dims) == 1 else _reshape(out, dims, name)  # one dimension: `items` is that long already
 
 
 # --- JSON -------------------------------------------------------------------------------------------------
@@ -531,6 +531,8 @@ def to_raw(array: npt.ArrayLike, datatype: str | None = None, *, name: str = "")
     (UTF-8), np.bytes_ or np.str_. With `datatype`, the array is first converted to it where no value changes
     meaning (see `as_datatype`); anything else is a CodecError.
     """
+    if datatype == "BYTES" and type(array) is np.ndarray and array.dtype.kind == "O":  # a model's usual text answer
+        return _bytes_to_raw(array, name)
     arr, info = _prepare(array, datatype, name)
     if info.variable:
         return _bytes_to_raw(arr, name)
@@ -539,10 +541,15 @@ def to_raw(array: npt.ArrayLike, datatype: str | None = None, *, name: str = "")
 
 
 def _bytes_to_raw(arr: Array, name: str) -> bytes:
+    items: list[Any] = (arr if arr.ndim == 1 else arr.reshape(-1)).tolist()
+    for item in items:  # measured: cheaper than sorting out the types first, for what nearly every array holds
+        if type(item) is not bytes:  # str, np.bytes_, anything else: checked and encoded
+            items = _bytes_list(arr, name)
+            break
     out = bytearray()
     pack = _U32.pack
     try:
-        for item in _bytes_list(arr, name):  # measured: faster than joining a list of parts
+        for item in items:  # measured: faster than joining a list of parts
             out += pack(len(item))
             out += item
     except struct.error:
