@@ -10,11 +10,14 @@ replies are written to (the descriptor written the most bytes), each request is 
 
 - server: from the read that returns the request's first bytes to the write of its reply (the server's share of
   the latency);
-- after: from that write to the writing thread's next wait (epoll or poll), when that comes before the next request
-  is read: its work once the reply is out, done while the client has its turn (none where another thread reads
+- after: from that write to the writing thread's next wait (epoll or poll), when that thread reads the next request
+  after it: its work once the reply is out, done while the client has its turn (none where another thread reads
   the next request, as in Triton);
 - client: from the reply's write to the next request's first bytes read (the client's turn, the loopback and the
-  server's wake-up).
+  server's wake-up);
+- idle: how long the thread that reads the next request waited for it (its last wait before the read, when that
+  began after the reply): about 0 when the request was there before the server was ready for it, so that the
+  server's work after the reply was on the cycle too.
 
 At c=1 server + client is the cycle, so the rate is 1 / (server + client): a change to the server's work shows in
 its share before the reply. Medians over the cycles recorded; syscall tracing slows every system call a little, so
@@ -104,13 +107,16 @@ def timeline(recorded: Iterable[Call]) -> dict[str, Any]:
     if not written:
         return {"cycles": 0, "error": "no write with a result in the recording"}
     socket = written.most_common(1)[0][0]
-    waits: dict[int, list[float]] = defaultdict(list)  # by thread: when it entered a wait, in order
+    waits: dict[int, list[Call]] = defaultdict(list)  # by thread, in order
     for call in every:
         if call.number in WAITS:
-            waits[call.tid].append(call.enter)
+            waits[call.tid].append(call)
+    entered = {tid: [wait.enter for wait in spans] for tid, spans in waits.items()}
+    left = {tid: [wait.exit for wait in spans] for tid, spans in waits.items()}
     server: list[float] = []
     after: list[float] = []
     client: list[float] = []
+    idle: list[float] = []
     read_at: float | None = None  # the current request's first bytes read
     reply: Call | None = None  # the current request's reply written
     wait: float | None = None  # when the thread that wrote it waited next
@@ -120,15 +126,20 @@ def timeline(recorded: Iterable[Call]) -> dict[str, Any]:
         if call.number in READS and read_at is None:
             if reply is not None:
                 client.append(call.exit - reply.enter)
-                if wait is not None and wait <= call.enter:  # else that thread was still busy (or another read)
+                if wait is not None and wait <= call.enter and call.tid == reply.tid:  # its work, then this read
                     after.append(wait - reply.exit)
+                # The reading thread's last wait before this read, if it began after the reply: how long the
+                # request kept it waiting (about 0: the request was there before the server was ready for it).
+                last = bisect.bisect_right(left.get(call.tid, []), call.enter) - 1
+                if last >= 0 and waits[call.tid][last].enter >= reply.exit:
+                    idle.append(waits[call.tid][last].exit - waits[call.tid][last].enter)
                 reply = None
             read_at = call.exit
         elif call.number in WRITES and read_at is not None:
             server.append(call.enter - read_at)
             read_at = None
             reply = call
-            moments = waits[call.tid]
+            moments = entered.get(call.tid, [])
             later = bisect.bisect_left(moments, call.exit)
             wait = moments[later] if later < len(moments) else None
 
@@ -136,7 +147,7 @@ def timeline(recorded: Iterable[Call]) -> dict[str, Any]:
         return round(statistics.median(values) * 1e6, 1) if values else None
 
     return {"socket": socket, "cycles": len(server), "server_us": median(server), "after_us": median(after),
-            "client_us": median(client)}
+            "client_us": median(client), "idle_us": median(idle)}
 
 
 def record(pid: int, seconds: float, into: Path) -> list[str]:
@@ -204,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = measure(running, args, into)
     print(f"{args.server} {args.workload} c=1 ({'perf_analyzer' if args.perf_analyzer else 'loadgen'}): "
           f"{result['cycles']} cycles; median server {result.get('server_us')} us, after the reply "
-          f"{result.get('after_us')} us, client {result.get('client_us')} us; "
+          f"{result.get('after_us')} us, client {result.get('client_us')} us (the server idle "
+          f"{result.get('idle_us')} us of it); "
           f"{result['infer_per_s']} infer/s, p50 {result['p50_ms']} ms")
     if args.json:
         args.json.write_text(json.dumps({"server": args.server, "workload": args.workload, **result}, indent=1))

@@ -337,7 +337,8 @@ def test_ab_takes_turns_with_perf_analyzer(tmp_path: Path) -> None:
 def test_timeline_reads_each_cycle_on_the_reply_socket() -> None:
     """`bench/timeline.py`'s reading of a syscall recording: the socket is the one written the most bytes (an
     eventfd's 8-byte writes are not it), a read that returned nothing and a request's second read do not start a
-    cycle, and "after" is the writing thread's next wait only when it comes before the next request is read."""
+    cycle, "after" is the writing thread's next wait only when it comes before the next request is read, and "idle"
+    is the reading thread's wait for a request, counted only when it began after the reply before it."""
     def enter(tid: int, at: float, number: int, fd: int) -> str:
         return f"{tid} {at:.6f}: raw_syscalls:sys_enter: NR {number} ({fd:x}, 7f00, 0, 0, 0, 0)"
 
@@ -361,7 +362,8 @@ def test_timeline_reads_each_cycle_on_the_reply_socket() -> None:
         enter(7, 1.000900, 46, sock),  # no exit recorded: left out
     ]
     found = timeline.timeline(timeline.calls(lines))
-    assert found == {"socket": sock, "cycles": 2, "server_us": 150.0, "after_us": 50.0, "client_us": 200.0}
+    assert found == {"socket": sock, "cycles": 2, "server_us": 150.0, "after_us": 50.0, "client_us": 200.0,
+                     "idle_us": 220.0}
     assert timeline.timeline([])["cycles"] == 0
 
 
