@@ -337,8 +337,8 @@ def test_ab_takes_turns_with_perf_analyzer(tmp_path: Path) -> None:
 def test_timeline_reads_each_cycle_on_the_reply_socket() -> None:
     """`bench/timeline.py`'s reading of a syscall recording: the socket is the one written the most bytes (an
     eventfd's 8-byte writes are not it), a read that returned nothing and a request's second read do not start a
-    cycle, "after" is the writing thread's next wait only when it comes before the next request is read, and "idle"
-    is the reading thread's wait for a request, counted only when it began after the reply before it."""
+    cycle, "after" is the writing thread's next wait only when that thread reads the next request after it, and
+    "idle" is the reading thread's wait for a request, counted only when it began after the reply before it."""
     def enter(tid: int, at: float, number: int, fd: int) -> str:
         return f"{tid} {at:.6f}: raw_syscalls:sys_enter: NR {number} ({fd:x}, 7f00, 0, 0, 0, 0)"
 
@@ -369,8 +369,9 @@ def test_timeline_reads_each_cycle_on_the_reply_socket() -> None:
 
 @pytest.mark.skipif(shutil.which("perf") is None, reason="perf is not installed")
 def test_timeline_records_our_server(tmp_path: Path) -> None:
-    """`bench/timeline.py` end to end on our server: as many cycles as the requests the load generator had answered
-    while recording (about), the server's share and the client's adding up to about the cycle the rate gives."""
+    """`bench/timeline.py` end to end on our server: the cycles it read from the recording, each the server's share
+    and the client's, span about the second recorded; our polling thread's work after each reply and its wait for
+    the next request are found."""
     probe = subprocess.run(["perf", "record", "-q", "-e", "raw_syscalls:sys_enter", "-o", str(tmp_path / "probe"),
                             "--", "true"], capture_output=True, check=False)  # fmt: skip
     if probe.returncode != 0:
@@ -378,7 +379,8 @@ def test_timeline_records_our_server(tmp_path: Path) -> None:
     out = tmp_path / "timeline.json"
     assert timeline.main(["simple_grpc", "-d", "1", "--json", str(out)]) == 0
     found = json.loads(out.read_text())
-    assert found["server_us"] > 0 and found["client_us"] > 0 and found["after_us"] is not None, found
+    assert found["server_us"] > 0 and found["client_us"] > 0, found
+    assert found["after_us"] is not None and found["idle_us"] is not None, found
     cycle_s = (found["server_us"] + found["client_us"]) / 1e6
     assert 0.3 < found["cycles"] * cycle_s < 1.5, found  # the cycles recorded span about the second recorded
 
