@@ -180,6 +180,25 @@ def test_what_the_lean_way_now_takes_is_answered_as_the_general_way_does(case: s
     assert counted["success"][0] == 2 and counted["inference_count"] == 2 * (3 if case.startswith("rows") else 1)
 
 
+class Names(Simple):
+    """`simple`'s inputs; answers the names of the inputs it was given, in the order it was given them."""
+
+    name = "names"
+    outputs = (TensorSpec("OUT", "BYTES", [-1]),)
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        return {"OUT": np.array([name.encode() for name in inputs], dtype=object)}
+
+
+@pytest.mark.parametrize("order", [["INPUT0", "INPUT1"], ["INPUT1", "INPUT0"]])
+def test_the_model_is_given_its_inputs_in_declared_order_on_either_way(order: list[str]) -> None:
+    dp = plane(Names())
+    message = request("names", {name: {"INPUT0": A, "INPUT1": B}[name] for name in order})
+    lean, general_answer = parsed(lean_way(dp)(message)), general(dp, message)
+    assert codec.from_raw(lean.raw_output_contents[0], "BYTES", [2]).tolist() == [b"INPUT0", b"INPUT1"]
+    assert lean == general_answer
+
+
 def test_the_model_sees_the_request_parameters_on_the_lean_way() -> None:
     dp = plane()
     message = request("texts", {"IN": TEXT})
@@ -216,6 +235,7 @@ DECLINED = {
     "wrong shape": lambda: request(arrays={"INPUT0": A, "INPUT1": B.reshape(16, 1)}),
     "missing input": lambda: request(arrays={"INPUT0": A}),
     "unknown input": lambda: request(arrays={"INPUT0": A, "INPUTX": B}),
+    "an input named twice": lambda: _edit(lambda m: setattr(m.inputs[1], "name", "INPUT0") or m),
     "raw entry too short": lambda: _edit(lambda m: m.raw_input_contents.__setitem__(1, b"\0" * 8) or m),
     "one raw entry too many": lambda: _edit(lambda m: m.raw_input_contents.append(b"") or m),
     "unknown output": lambda: request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="NO")]),

@@ -29,15 +29,18 @@ class Leases:
         self._held: dict[int, int] = {}  # id(model) -> requests holding it
         # Retirements waiting for an instance's requests to finish, with the loop each waits on.
         self._drained: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
-        # Retired instances, by id (weak: an id is reused once its instance is gone, never before).
-        self._retired: weakref.WeakValueDictionary[int, Model] = weakref.WeakValueDictionary()
+        # Retired instances, by id (weak: an id is reused once its instance is gone, never before; a dead reference
+        # matches no instance). A plain dict, not a WeakValueDictionary: every request looks here, and that one's
+        # lookup runs in Python.
+        self._retired: dict[int, weakref.ref[Model]] = {}
         self._lock = threading.Lock()
 
     def hold(self, model: Model) -> bool:
         """Count one more request on `model`; False (nothing counted) when `model` is retired."""
         key = id(model)
         with self._lock:
-            if self._retired.get(key) is model:
+            retired = self._retired.get(key)
+            if retired is not None and retired() is model:
                 return False
             self._held[key] = self._held.get(key, 0) + 1
         return True
@@ -46,7 +49,8 @@ class Leases:
         """Lease `model` again (an instance added from Python is loaded again after an unload)."""
         key = id(model)
         with self._lock:
-            if self._retired.get(key) is model:
+            retired = self._retired.get(key)
+            if retired is not None and retired() is model:
                 del self._retired[key]
 
     def release(self, model: Model) -> None:
@@ -72,7 +76,9 @@ class Leases:
         """Lease `model` no more, and wait until no request holds it."""
         key = id(model)
         with self._lock:
-            self._retired[key] = model
+            # The entries of instances gone since go now (a reload is rare; a request never waits for this).
+            self._retired = {known: ref for known, ref in self._retired.items() if ref() is not None}
+            self._retired[key] = weakref.ref(model)
             event = (self._drained.setdefault(key, (asyncio.get_running_loop(), asyncio.Event()))[1]
                      if key in self._held else None)
         if event is not None:

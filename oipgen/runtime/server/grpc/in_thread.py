@@ -201,12 +201,16 @@ class UnaryInfer:
         count = len(plan.names)
         if len(tensors) != count or (raw and len(raw) != count):
             return None
-        given: list[Any] = [None] * count
+        arrays: dict[str, Any] = {}
         declared = plan.inputs
-        for i, tensor in enumerate(tensors):
+        in_order = True  # the tensors in the declared order, as clients send them: the arrays are in that order
+        for i in range(count):  # by index: cheaper than a repeated field's iterator
+            tensor = tensors[i]
             spec = declared.get(tensor.name)
-            if spec is None or given[spec.index] is not None or tensor.datatype != spec.datatype or tensor.parameters:
+            if spec is None or spec.name in arrays or tensor.datatype != spec.datatype or tensor.parameters:
                 return None
+            if spec.index != i:
+                in_order = False
             shape = tensor.shape[:]
             elements = spec.count(shape, limit)
             if elements is None:
@@ -219,7 +223,7 @@ class UnaryInfer:
                     if len(data) != elements * spec.itemsize:
                         return None
                     try:  # one call, where `frombuffer(...).reshape(...)` makes two arrays
-                        given[spec.index] = np.ndarray(shape, spec.dtype, data)
+                        arrays[spec.name] = np.ndarray(shape, spec.dtype, data)
                     except (TypeError, ValueError):  # a shape numpy cannot hold: the general way's to refuse
                         return None
                     continue
@@ -230,10 +234,10 @@ class UnaryInfer:
             else:
                 return None
             try:
-                given[spec.index] = decode(data, spec.datatype, shape, name=spec.name)
+                arrays[spec.name] = decode(data, spec.datatype, shape, name=spec.name)
             except codec.CodecError:
                 return None
-        return dict(zip(plan.names, given, strict=True))
+        return arrays if in_order else {name: arrays[name] for name in plan.names}
 
     @staticmethod
     def _outputs(plan: Plan, message: Any) -> list[TensorSpec] | None:
