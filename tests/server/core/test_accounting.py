@@ -20,6 +20,7 @@ from oip.server import Assembly, DataPlane, Model, ModelRepository, OipError, Se
 from oip.server.grpc import Servicer, decode_infer_request, encode_infer_response
 from oip.server.grpc.in_thread import NOT_HERE, UnaryInfer, in_thread
 from oip.server.grpc.servicer import observer
+from oip.server.model import DynamicBatching
 from oip.server.rest import decode_infer_request as decode_rest
 from recorded import Recorder
 
@@ -138,6 +139,51 @@ def test_the_lean_way_reports_its_phases_to_every_observer_alike() -> None:
     assert counted["compute_output"] == (1, record.compute_output_ns)
     (execution,) = seen.executions
     assert (execution.batch_size, execution.compute_infer_ns) == (1, record.compute_infer_ns)
+
+
+class Rows(Model):
+    """INT32 rows of [16] in and out, batched: a lone request's batch runs once its delay of 30 ms is over."""
+
+    name = "rows"
+    inputs = (TensorSpec("IN", "INT32", [16]),)
+    outputs = (TensorSpec("OUT", "INT32", [16]),)
+    max_batch_size = 4
+    dynamic_batching = DynamicBatching(max_queue_delay_microseconds=30_000)
+
+    def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> Any:
+        return {"OUT": inputs["IN"] + 1}
+
+
+def test_a_lean_request_of_a_dynamic_batch_reports_its_phases_to_every_observer_alike() -> None:
+    """A lean request that waits for its batch to fill until its delay is over: its queue says so, and the
+    statistics (which take its moments as they are) count exactly the durations of the record any other observer
+    gets from them, the merge of its batch in compute_input."""
+    settings = Settings()
+    repository = ModelRepository()
+    repository.add(Rows())
+    asyncio.run(repository.load_all())
+    dp = DataPlane(repository, settings)
+    seen = Recorder()
+    dp.observers.append(seen)
+    lean = UnaryInfer(dp.pipeline, settings, encode_infer_response)
+    message = pb.ModelInferRequest(model_name="rows")
+    message.inputs.add(name="IN", datatype="INT32", shape=[2, 16])
+    message.raw_input_contents.append(np.arange(32, dtype=np.int32).tobytes())
+    reply = pb.ModelInferResponse.FromString(lean(message))
+    assert np.frombuffer(reply.raw_output_contents[0], np.int32).tolist() == list(range(1, 33))
+    (record,) = seen.requests
+    assert record.ok and record.batch_size == 2 and record.queue_ns >= 25e6
+    assert [span.phase for span in record.spans] == [
+        "compute_input", "queue", "compute_input", "compute_infer", "compute_output"]
+    assert record.total_ns == (record.queue_ns + record.compute_input_ns + record.compute_infer_ns
+                               + record.compute_output_ns)
+    counted = dp.statistics.snapshot()[("rows", "1")]
+    assert counted["success"] == (1, record.total_ns) and counted["inference_count"] == 2
+    assert counted["queue"] == (1, record.queue_ns) and counted["compute_input"] == (1, record.compute_input_ns)
+    assert counted["compute_infer"] == (1, record.compute_infer_ns)
+    assert counted["compute_output"] == (1, record.compute_output_ns)
+    (execution,) = seen.executions
+    assert execution.batch_size == 2
 
 
 class _Context:

@@ -79,7 +79,11 @@ class Inference:
         elif exc is None and self.alone and self.batch_size == 1:  # the lean way: its moments
             observers.ran_alone(timer, model.name, model.version, self.request_id, self.start, self.queued,
                                 self.started, self.ended, self.answered or time.perf_counter_ns())
-        else:  # the lean way's failure, a request of a dynamic batch, or of a batch of rows: its record
+        elif exc is None and not self.alone:  # the lean way, a request of a dynamic batch: its moments
+            observers.ran_in_batch(timer, model.name, model.version, self.request_id, self.start, self.queued,
+                                   self.formed, self.started, self.ended, self.answered or time.perf_counter_ns(),
+                                   self.batch_size)
+        else:  # the lean way's failure, or a request of a batch of rows: its record
             record = InferenceRecord.from_marks(
                 model.name, model.version, self.request_id, None if exc is None else failure(exc), self.start,
                 self.queued, self.started, self.ended, self.answered or time.perf_counter_ns(), timer,

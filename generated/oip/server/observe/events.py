@@ -22,10 +22,11 @@ subscribe the same way (`DataPlane.observers`). Observers are called on the even
 otherwise ignored. Every way an inference runs reports through one construct (`core.accounting.Inference`), and
 the observers as one composite (`Observers`), which calls each observer only for what it listens to.
 
-The lean way (`core.lean`, over both transports) times a request by five moments instead of a timer and reports a
-success that ran alone as they are (`Observer.ran_alone`): an observer may take them directly (the statistics do,
-and tracing); by default they become the request's record, as on every other way. Its other requests (a failure,
-a request of a dynamic batch) are reported by the record their moments make (`InferenceRecord.from_marks`).
+The lean way (`core.lean`, over both transports) times a request by its moments instead of a timer and reports a
+success as they are, one that ran alone (`Observer.ran_alone`) or in a dynamic batch (`Observer.ran_in_batch`): an
+observer may take them directly (the statistics do, and tracing those that ran alone); by default they become the
+request's record, as on every other way. Its other requests (a failure, a batch of rows) are reported by the record
+their moments make (`InferenceRecord.from_marks`).
 
 A request answered in the gRPC polling thread (the lean way, an inline model) is recorded just after its answer
 is sent, so that recording never delays it; that thread holds `Observers.recording` from before the answer goes
@@ -65,6 +66,7 @@ __all__ = [
     "current",
     "execution_of",
     "ignore",
+    "phases_of",
     "set_current",
 ]
 
@@ -160,13 +162,10 @@ class InferenceRecord:
             marks.append((COMPUTE_INFER, started, ended or done))
         if ended:
             marks.append((COMPUTE_OUTPUT, ended, done))
-        queued, started, ended = queued or done, started or done, ended or done
-        waited = (formed or started) - queued
         offset = timer.start_unix - timer.start if timer is not None else time.time_ns() - time.perf_counter_ns()
         return cls(
-            model, version, request_id, batch_size, error, waited, queued - start + started - queued - waited,
-            ended - started, done - ended, done - start, start + offset, tuple(marks), offset, None,
-            timer.state if timer is not None else None,
+            model, version, request_id, batch_size, error, *phases_of(start, queued, formed, started, ended, done),
+            start + offset, tuple(marks), offset, None, timer.state if timer is not None else None,
         )
 
     @property
@@ -242,6 +241,14 @@ class Observer:
         self.request_ran_alone(
             InferenceRecord.from_marks(model, version, request_id, None, start, queued, started, ended, done, timer)
         )
+
+    def ran_in_batch(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                     formed: int, started: int, ended: int, done: int, batch_size: int) -> None:
+        """`request_finished` of a successful request of the lean way that ran in a dynamic batch (its batch size
+        `batch_size`), timed by its moments (`formed`: when its batch was formed; see `ran_alone`). Here:
+        `request_finished` with the record made of them; override it to take the moments as they are."""
+        self.request_finished(InferenceRecord.from_marks(
+            model, version, request_id, None, start, queued, started, ended, done, timer, batch_size, formed))
 
 
 def _ignored(self: Observer, *args: Any) -> None:
@@ -324,6 +331,15 @@ def set_current(timer: Timer | None) -> None:
     _CURRENT.set(timer)
 
 
+def phases_of(start: int, queued: int, formed: int, started: int, ended: int, done: int) -> tuple[
+        int, int, int, int, int]:
+    """The time in each phase of a request timed by its moments (see `InferenceRecord.from_marks`), in
+    nanoseconds: queue, compute_input, compute_infer, compute_output, and the total."""
+    queued, started, ended = queued or done, started or done, ended or done
+    waited = (formed or started) - queued
+    return waited, queued - start + started - queued - waited, ended - started, done - ended, done - start
+
+
 def execution_of(record: InferenceRecord) -> ExecutionRecord:
     """The model run of a request that ran alone: its phases."""
     return ExecutionRecord(
@@ -332,7 +348,8 @@ def execution_of(record: InferenceRecord) -> ExecutionRecord:
     )
 
 
-_HOOKS: Final = ("request_started", "request_finished", "execution_finished", "request_ran_alone", "ran_alone")
+_HOOKS: Final = ("request_started", "request_finished", "execution_finished", "request_ran_alone", "ran_alone",
+                 "ran_in_batch")
 
 
 def _listens(observer: Observer, hook: str) -> bool:
@@ -347,6 +364,8 @@ def _listens(observer: Observer, hook: str) -> bool:
         return _listens(observer, "execution_finished") or _listens(observer, "request_finished")
     if hook == "ran_alone":
         return _listens(observer, "request_ran_alone")
+    if hook == "ran_in_batch":
+        return _listens(observer, "request_finished")
     return False
 
 
@@ -429,6 +448,14 @@ class Observers:
         for hook in self._hooks["ran_alone"]:
             try:
                 hook(timer, model, version, request_id, start, queued, started, ended, done)
+            except Exception:
+                log.exception("observer %r failed on a finished request", _owner(hook))
+
+    def ran_in_batch(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                     formed: int, started: int, ended: int, done: int, batch_size: int) -> None:
+        for hook in self._hooks["ran_in_batch"]:
+            try:
+                hook(timer, model, version, request_id, start, queued, formed, started, ended, done, batch_size)
             except Exception:
                 log.exception("observer %r failed on a finished request", _owner(hook))
 

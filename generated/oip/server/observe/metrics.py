@@ -283,8 +283,9 @@ class Metrics(Observer):
         if record.first_response_ns is not None:
             self.request_finished(record)
 
-    # A success of the lean gRPC way: nothing here (no first response; the statistics count the rest).
+    # A success of the lean way: nothing here (no first response; the statistics count the rest).
     ran_alone = ignore
+    ran_in_batch = ignore
 
     # --- the transports -----------------------------------------------------------------------------------------
 

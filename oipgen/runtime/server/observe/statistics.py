@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...grpc import grpc_service_pb2 as pb
-from .events import ExecutionRecord, InferenceRecord, Observer, Timer
+from .events import ExecutionRecord, InferenceRecord, Observer, Timer, phases_of
 
 __all__ = ["BatchStats", "Duration", "ModelStats", "Statistics"]
 
@@ -297,3 +297,10 @@ class Statistics(Observer):
             queue_ns=started - queued, compute_input_ns=queued - start, compute_infer_ns=ended - started,
             compute_output_ns=done - ended, total_ns=done - start,
         )
+
+    def ran_in_batch(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
+                     formed: int, started: int, ended: int, done: int, batch_size: int) -> None:
+        # The moments as they are: no record made (a request of a dynamic batch on the lean way; its batch's run is
+        # counted by `execution_finished`).
+        self.for_model(model, version).record_request(
+            True, batch_size, *phases_of(start, queued, formed, started, ended, done))
