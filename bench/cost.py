@@ -145,8 +145,8 @@ def _grpc(handler: Any, servicer: Any, name: str) -> Callable[[], Awaitable[None
         # dynamic batching, once its batch has run (by the arrival that fills it here, or the batcher's timer).
         answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
-        def respond(behavior: Any = None) -> None:
-            reply = (handler if behavior is None else behavior)(request, context)
+        def respond(behavior: Any = None, plain: bool = False) -> None:
+            reply = (handler if behavior is None else behavior)(request, None if plain else context)
             if threading.get_ident() == loop_thread:
                 answered.set_result(reply)
             else:

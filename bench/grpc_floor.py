@@ -110,7 +110,7 @@ def serve_replay(answer_file: Path, port: int) -> None:
 
     def answers_here(behavior: Any, request: Any, metadata: Any, respond: Callable[..., None]) -> bool:
         if here:
-            respond()
+            respond(behavior, plain=True)  # as our server sends such an answer: no servicer context made for it
         return here
 
     pool = WarmPool(Settings().grpc_threads, "floor", answers_here=answers_here)

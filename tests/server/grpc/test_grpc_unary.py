@@ -664,7 +664,11 @@ def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: p
     way = in_thread(dp.pipeline, dp.settings, INFER, "ModelInfer", None, False)
     message = request("quick")
     replies: list[Any] = []
-    assert way.answers_here(message, [], lambda: replies.append(way.handle(message, None)))  # type: ignore[arg-type]
+
+    def respond(behavior: Any = None, plain: bool = False) -> None:
+        replies.append((way.handle if behavior is None else behavior)(message, None))
+
+    assert way.answers_here(message, [], respond)
     assert looked_up == ["quick"]
     assert parsed(replies[0]) == general(dp, request("quick"))
 
@@ -691,8 +695,10 @@ def answer_here(dp: DataPlane, message: Any, while_sending: Callable[[], None], 
     way = in_thread(dp.pipeline, dp.settings, INFER, "ModelInfer", observe, False)
     replies: list[Any] = []
 
-    def respond() -> None:
-        replies.append(way.handle(message, None))  # type: ignore[arg-type]
+    def respond(behavior: Any = None, plain: bool = False) -> None:
+        """As grpcio's thread answers the call: by its handler, or by the behaviour given (with no context when
+        `plain`; this one has none to give)."""
+        replies.append((way.handle if behavior is None else behavior)(message, None))
         while_sending()
 
     assert way.answers_here(message, [], respond)

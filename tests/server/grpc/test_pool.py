@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from concurrent.futures import CancelledError
+from typing import Any
 
 import grpc
 import pytest
@@ -264,6 +265,53 @@ def test_grpcio_counts_the_calls_of_the_pool_over() -> None:
                     except grpc.RpcError as exc:
                         assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
                         time.sleep(0.01)
+    finally:
+        server.stop(None).wait(WAIT)
+        pool.shutdown()
+
+
+def test_a_call_answered_here_by_a_plain_behaviour_gets_its_reply_or_fails_alone(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`respond(behavior, plain=True)` answers with what the behaviour returns (given no context), without
+    grpcio's per-call servicer context; a behaviour that raises fails its call as grpcio fails it (UNKNOWN), logged,
+    and the server answers the next calls; grpcio is told each call is over (one call at a time allowed)."""
+    contexts: list[Any] = []
+
+    def plain(request: bytes, context: Any) -> bytes:
+        contexts.append(context)
+        if request == b"fail":
+            raise ValueError("a fault of the behaviour's")
+        return request[::-1]
+
+    def answers_here(behavior: Any, request: Any, metadata: Any, respond: Any) -> bool:
+        respond(plain, plain=True)
+        return True
+
+    pool = WarmPool(2, "test-pool", answers_here=answers_here)
+    server = grpc.server(pool, maximum_concurrent_rpcs=1)  # type: ignore[arg-type]
+    method = grpc.unary_unary_rpc_method_handler(lambda request, context: b"not answered here")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", {"Reverse": method}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, caplog.at_level(logging.ERROR):
+            reverse = channel.unary_unary("/test.Echo/Reverse")
+
+            def call(request: bytes) -> Any:
+                """The reply, or the code the call failed with."""
+                deadline = time.monotonic() + WAIT
+                while True:  # the reply may reach us just before grpcio is told the call is over: then try again
+                    try:
+                        return reverse(request, timeout=WAIT)
+                    except grpc.RpcError as exc:
+                        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                            return exc.code()
+                    time.sleep(0.01)
+
+            answers = [call(request) for request in (b"call 0", b"fail", b"call 1", b"call 2")]
+        assert answers == [b"0 llac", grpc.StatusCode.UNKNOWN, b"1 llac", b"2 llac"]
+        assert contexts == [None] * 4
+        assert any(r.getMessage() == "answering a gRPC call failed" for r in caplog.records)
     finally:
         server.stop(None).wait(WAIT)
         pool.shutdown()

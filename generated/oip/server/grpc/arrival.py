@@ -11,21 +11,27 @@ a slow link, a client that sends its headers and nothing more) holds a thread al
 the pool has threads, and the port serves no one. Here the polling thread asks for the request when the call
 starts and hands the call to the pool once it is in: one wake-up per call, and no thread before there is work.
 
-This reaches into grpcio's server module (a call's state, its receive callback and the token that counts it) as
-grpcio 1.76 to 1.85 have them. `SUPPORTED` checks that shape at import; where it differs, every call takes grpcio's
-own way, unchanged.
+A call handed on so may be answered by a behaviour that needs no servicer context (`answer`): its reply is sent as
+grpcio sends it, without the context grpcio makes and finalizes for every call.
+
+This reaches into grpcio's server module (a call's state, its receive callback, the token that counts it, how it
+sends a status) as grpcio 1.76 to 1.85 have them. `SUPPORTED` checks that shape at import; where it differs, every
+call takes grpcio's own way, unchanged.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, Final
 
 from grpc import _server as _grpc  # private: see the module's description
 from grpc._cython import cygrpc  # type: ignore[attr-defined]  # grpcio ships no types for its core
 
-__all__ = ["SUPPORTED", "defer"]
+__all__ = ["SUPPORTED", "answer", "defer"]
+
+log = logging.getLogger(__name__)
 
 _RESPOND: Final = getattr(_grpc, "_unary_response_in_pool", None)
 _RESPOND_PARAMETERS: Final = (
@@ -35,17 +41,20 @@ _RESPOND_PARAMETERS: Final = (
 
 def _supported() -> bool:
     """Whether grpcio's server module has the shape `defer` relies on."""
-    names = ("_receive_message", "_is_rpc_state_active", "_abort", "_CLOSED", "_RECEIVE_MESSAGE_TOKEN")
+    names = ("_receive_message", "_is_rpc_state_active", "_abort", "_status", "_CLOSED", "_RECEIVE_MESSAGE_TOKEN")
     if _RESPOND is None or not all(hasattr(_grpc, name) for name in names):
         return False
-    if not hasattr(cygrpc, "ReceiveMessageOperation"):
+    core = ("ReceiveMessageOperation", "install_context_from_request_call_event", "uninstall_context")
+    if not all(hasattr(cygrpc, name) for name in core):
         return False
     try:
         respond = tuple(inspect.signature(_RESPOND).parameters)
         receive = tuple(inspect.signature(_grpc._receive_message).parameters)
+        status = tuple(inspect.signature(_grpc._status).parameters)
     except (TypeError, ValueError):
         return False
-    return respond == _RESPOND_PARAMETERS and receive == ("state", "call", "request_deserializer")
+    return (respond == _RESPOND_PARAMETERS and receive == ("state", "call", "request_deserializer")
+            and status == ("rpc_event", "state", "serialized_response"))
 
 
 SUPPORTED: Final = _supported()
@@ -93,3 +102,24 @@ def defer(args: tuple[Any, ...], hand: Callable[[tuple[Any, ...], Any], None]) -
             return False
         state.due.add(_grpc._RECEIVE_MESSAGE_TOKEN)
     return True
+
+
+def answer(args: tuple[Any, ...]) -> None:
+    """Answer a call `defer` handed on, given the arguments it handed on with a behaviour (`args[3]`) that uses no
+    context (it is given None) and fails only by a fault of its own: the reply is what it returns. What grpcio's
+    `_unary_response_in_pool` does, less what only other behaviours need: a servicer context made and finalized
+    for each call. Runs where that would (the call's context entered)."""
+    _, event, state, behavior, take, _, serializer = args
+    cygrpc.install_context_from_request_call_event(event)
+    try:
+        request = take()
+        if request is not None:
+            reply = behavior(request, None)
+            _grpc._status(event, state, serializer(reply) if serializer is not None else reply)
+    except Exception:  # a fault of the behaviour's: the call fails as grpcio fails it, and the thread goes on
+        log.exception("answering a gRPC call failed")
+        with state.condition:
+            if _grpc._is_rpc_state_active(state):
+                _grpc._abort(state, event.call, cygrpc.StatusCode.unknown, b"Exception calling application")
+    finally:
+        cygrpc.uninstall_context()

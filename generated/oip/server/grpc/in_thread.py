@@ -295,7 +295,8 @@ def _params(entries: Any) -> dict[str, Any]:
 
 Respond = Callable[..., None]
 """Answers a call in the calling thread: `respond()` by its own handler, `respond(behavior)` by another (a gRPC
-behaviour: request and context in, the reply out), as `WarmPool` gives it."""
+behaviour: request and context in, the reply out), `respond(behavior, plain=True)` by one that uses no context and
+never fails (given None for it), as `WarmPool` gives it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,26 +325,39 @@ def in_thread(
     request_type = infer.request
     recording = pipeline.observers.recording
 
+    def lean_way(request: Any, trace: dict[str, str] | None) -> Any:
+        """The lean way's reply to `request` (a message or an `InferWire`), None when it leaves the request to the
+        general way; the request's error raised."""
+        wire = request if type(request) is InferWire else None
+        if wire is None and type(request) is not request_type:
+            return None
+        return lean(request, trace) if wire is None else lean(wire.message, trace, wire.raw)
+
+    def refuse(request: Any, context: grpc.ServicerContext, error: Exception, start: int) -> None:
+        """Fail the call with `error`'s status (counted and logged first)."""
+        status_code, details = status(error)
+        if observe is not None:
+            observe(rpc, str(status_code.name), start, request, 0)
+        context.abort(status_code, details)
+
+    def answered(request: Any, reply: Any, start: int) -> Any:
+        """`reply`, once counted and logged."""
+        if observe is not None:
+            observe(rpc, "OK", start, request, message_size(reply))
+        return reply
+
     def infer_in_thread(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, Malformed):
             return NOT_HERE
         start, code, sent = time.perf_counter_ns(), "OK", 0
         trace = carrier(metadata(context).get) if tracing else None
+        try:
+            reply = lean_way(request, trace)
+        except Exception as exc:
+            refuse(request, context, exc, start)
+        if reply is not None:
+            return answered(request, reply, start)
         wire = request if type(request) is InferWire else None
-        if wire is not None or type(request) is request_type:  # the lean way, if it takes it
-            try:
-                reply = lean(request, trace) if wire is None else lean(wire.message, trace, wire.raw)
-            except Exception as exc:
-                status_code, details = status(exc)
-                code = str(status_code.name)
-                context.abort(status_code, details)
-            finally:
-                if observe is not None and code != "OK":
-                    observe(rpc, code, start, request, sent)
-            if reply is not None:
-                if observe is not None:
-                    observe(rpc, code, start, request, message_size(reply))
-                return reply
         message = wire.message if wire is not None else request
         if not pipeline.runs_in_thread(message.model_name, message.model_version):
             return NOT_HERE
@@ -373,36 +387,37 @@ def in_thread(
         if type(message) is not request_type:
             return False
         plan = lean.plan(message)
-        if plan is None:
+        if plan is None or not (plan.inline or plan.batches_on_arrival):
             return False
+        start = time.perf_counter_ns()
+        trace = carrier(metadata_of(pairs).get) if tracing else None
+
+        def answer(reply: Any, error: Exception | None) -> None:
+            """Send the reply (a behaviour that needs no servicer context: none is made), or fail the call."""
+            if error is None:
+                respond(lambda request, context: answered(request, reply, start), plain=True)
+            else:
+                respond(lambda request, context: refuse(request, context, error, start))
+
         if plan.inline:
             lean.here = (message, plan)
             with recording:  # until the reply's record is made (`Observers.recording`)
                 try:
-                    respond()
+                    try:
+                        reply = lean_way(request, trace)
+                    except Exception as exc:
+                        answer(None, exc)
+                    else:
+                        if reply is not None:
+                            answer(reply, None)
+                        else:  # the general way's, in its handler
+                            respond()
                 finally:
                     lean.here = None
                     run, lean.unrecorded = lean.unrecorded, None
                     if run is not None:
                         run.__exit__(None, None, None)
             return True
-        if not plan.batches_on_arrival:
-            return False
-        start = time.perf_counter_ns()
-        trace = carrier(metadata_of(pairs).get) if tracing else None
-
-        def answer(reply: Any, error: Exception | None) -> None:
-            def behavior(request: Any, context: grpc.ServicerContext) -> Any:
-                if error is not None:
-                    status_code, details = status(error)
-                    if observe is not None:
-                        observe(rpc, str(status_code.name), start, request, 0)
-                    context.abort(status_code, details)
-                if observe is not None:
-                    observe(rpc, "OK", start, request, message_size(reply))
-                return reply
-
-            respond(behavior)
 
         return lean.arrive(plan, message, trace, wire.raw if wire is not None else None, answer, start)
 

@@ -194,10 +194,12 @@ class WarmPool:
             in_context = item[1] if isinstance(getattr(item[1], "__self__", None), contextvars.Context) else None
             inside = True  # while the hook runs, in the call's context: it cannot be entered twice
 
-            def respond(answer: Any = None) -> None:
-                """Answer the call in this thread: by its handler, or by `answer` (a behaviour of the same call)."""
+            def respond(answer: Any = None, plain: bool = False) -> None:
+                """Answer the call in this thread: by its handler, or by `answer` (a behaviour of the same call;
+                `plain`: one that uses no context and never fails, answered without one, `arrival.answer`)."""
                 given = args if answer is None else (*args[:3], answer, *args[4:])
-                _run((item[0], _direct if inside or in_context is None else in_context, given, item[3]))
+                run_in = _direct if inside or in_context is None else in_context
+                _run((item[0], run_in, (arrival.answer, given) if plain else given, item[3]))
 
             try:
                 hook = (behavior, request, event.invocation_metadata, respond)
