@@ -649,9 +649,6 @@ def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: p
     """`answers_here` looks the request's plan up to see that the model is inline, then answers the call: the
     call's handler takes that plan (one lookup a call, not two), and a handler answering another message (a pool
     thread's, meanwhile) looks its own up: its reply names its own model."""
-    from oip.server.grpc.in_thread import in_thread
-    from oip.server.grpc.service import INFER
-
     dp = plane(Quick())
     looked_up: list[str] = []
     lookup = dp.pipeline.lean.plan
@@ -661,16 +658,9 @@ def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: p
         return lookup(name, version)
 
     monkeypatch.setattr(dp.pipeline.lean, "plan", counting)
-    way = in_thread(dp.pipeline, dp.settings, INFER, "ModelInfer", None, False)
-    message = request("quick")
-    replies: list[Any] = []
-
-    def respond(behavior: Any = None, plain: bool = False) -> None:
-        replies.append((way.handle if behavior is None else behavior)(message, None))
-
-    assert way.answers_here(message, [], respond)
+    reply = answer_here(dp, request("quick"), lambda: None)
     assert looked_up == ["quick"]
-    assert parsed(replies[0]) == general(dp, request("quick"))
+    assert parsed(reply) == general(dp, request("quick"))
 
     lean = lean_way(dp)
     other = lookup("quick", "")
