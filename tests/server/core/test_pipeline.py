@@ -223,6 +223,56 @@ async def _once(request: InferRequest) -> AsyncIterator[InferRequest | Exception
     yield request
 
 
+class Busy(Model):
+    """Decoupled and never awaiting: N responses, each after `work` seconds that hold the event loop."""
+
+    name = "busy"
+    decoupled = True
+    inputs = (TensorSpec("N", "INT32", [1]),)
+    outputs = (TensorSpec("I", "INT32", [1]),)
+    work = 0.0
+
+    async def infer(self, inputs: Arrays, parameters: dict[str, Any]) -> AsyncIterator[Any]:
+        for i in range(int(inputs["N"][0])):
+            time.sleep(self.work)
+            yield {"I": np.array([i], np.int32)}
+
+
+async def _turns_during_stream(dp: DataPlane, count: int) -> int:
+    """The turns another task of the event loop got while a stream of `count` responses of `busy` was made."""
+    turns, streaming = 0, True
+
+    async def other() -> None:
+        nonlocal turns
+        while streaming:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    before = turns
+    request = InferRequest("busy", inputs=[Tensor("N", "INT32", [1], np.array([count], np.int32))])
+    answers = [answer async for answer in dp.pipeline.infer_decoupled(request)]
+    during, streaming = turns - before, False
+    await task
+    assert [a.outputs[0].data.tolist() for a in answers if a.outputs[0].data is not None] == [[i] for i in
+                                                                                              range(count)]
+    return during
+
+
+async def test_a_generator_that_never_awaits_gives_the_loop_a_turn_once_it_held_it_for_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from oip.server.core import pipeline
+
+    model = Busy()
+    dp, _ = await dataplane(model)
+    model.work = 2 * pipeline._LOOP_TURN_NS / 1e9  # every response takes longer than a turn: a turn after each
+    assert await _turns_during_stream(dp, 5) >= 4
+    model.work = 0.0
+    monkeypatch.setattr(pipeline, "_LOOP_TURN_NS", 10**12)  # no response is late: the stream keeps the loop
+    assert await _turns_during_stream(dp, 50) == 0
+
+
 async def test_a_broken_observer_never_fails_a_request() -> None:
     dp, seen = await dataplane(Slow())
     dp.observers.insert(0, Broken())

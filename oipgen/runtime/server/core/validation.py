@@ -46,6 +46,7 @@ TRANSPORT_PARAMETERS: Final = frozenset({extensions.BINARY_DATA_OUTPUT})
 RESERVED_PREFIX: Final = "triton_"
 RESERVED_ALLOWED: Final = frozenset({"triton_enable_empty_final_response"})
 _SCALARS: Final = (bool, int, float, str)
+_BYTES_ONLY: Final = frozenset({bytes})  # the element types of a BYTES array that needs no converting
 
 def declared_shape(model: Model, spec: TensorSpec) -> tuple[int, ...]:
     """The shape a request or response tensor must have: the declared one, after a -1 batch dimension when the
@@ -224,12 +225,12 @@ def split_result(model: Model, result: Any) -> tuple[Mapping[str, Any], dict[str
     parameters: Any = {}
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Mapping):
         result, parameters = result
-    if not isinstance(result, Mapping):
+    if type(result) is not dict and not isinstance(result, Mapping):  # a dict first: an ABC's check costs more
         raise ModelFailure(
             f"model '{model.name}' returned {type(result).__name__} from infer(), not a mapping of output names to "
             "arrays"
         )
-    if not isinstance(parameters, Mapping):
+    if type(parameters) is not dict and not isinstance(parameters, Mapping):
         raise ModelFailure(f"model '{model.name}' returned response parameters of type {type(parameters).__name__}")
     checked: dict[str, Any] = {}
     for key, value in parameters.items():
@@ -249,8 +250,9 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
         raise ModelFailure(f"model '{model.name}' did not return output '{spec.name}'")
     value = outputs[spec.name]
     info = datatypes.BY_NAME.get(spec.datatype)
-    if info is not None and not info.variable and type(value) is np.ndarray and value.dtype == info.dtype:
-        array = value  # already in its datatype (what most models return): nothing to convert
+    if info is not None and type(value) is np.ndarray and value.dtype == info.dtype and (
+            value.dtype.kind != "O" or set(map(type, value.ravel().tolist())) <= _BYTES_ONLY):
+        array = value  # already in its datatype (what most models return; BYTES: bytes only): nothing to convert
     else:
         try:
             array = value if isinstance(value, np.ndarray) else np.asarray(value)
