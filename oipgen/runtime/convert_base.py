@@ -173,8 +173,12 @@ class Converter:
     def params_from_proto(self, message: str, entries: Mapping[str, Any]) -> dict[str, Any]:
         """The JSON scalars of a protobuf map of `message` values; entries with no case set are left out."""
         cases = self.params[message]
-        out = {key: _param_value(cases, entries[key]) for key in entries}
-        return {key: value for key, value in out.items() if value is not None}
+        out: dict[str, Any] = {}
+        for key in entries:  # one pass, by keys and lookups (a protobuf map's items() costs more)
+            value = _param_value(cases, entries[key])
+            if value is not None:
+                out[key] = value
+        return out
 
     def proto_to_rest(self, schema: str, message: Message, **rest_only: Any) -> Any:
         """The REST body of `schema` for `message`, as plain JSON values.

@@ -129,6 +129,27 @@ def test_parameters_take_the_oneof_case_of_their_json_type() -> None:
         "b": True, "f": 0.5, "i": -3, "s": "x", "u": 2**64 - 1}
 
 
+def test_a_parameters_map_reads_back_each_entry_that_has_a_case() -> None:
+    """What servers and clients read of a gRPC parameters map: every entry with its case's value (bytes as base64,
+    as REST writes them), an entry whose case was never set left out."""
+    from oip import convert
+    from oip.grpc import grpc_service_pb2 as pb
+
+    message = pb.ModelInferRequest()
+    message.parameters["s"].string_param = "x"
+    message.parameters["unset"].SetInParent()  # present on the wire, no case: no value to give
+    message.parameters["b"].bool_param = False
+    message.parameters["u"].uint64_param = 2**64 - 1
+    entries = pb.ModelInferRequest.FromString(message.SerializeToString()).parameters
+    assert convert.params_from_proto(pb.InferParameter.DESCRIPTOR.full_name, entries) == {
+        "s": "x", "b": False, "u": 2**64 - 1}
+    load = pb.RepositoryModelLoadRequest()
+    load.parameters["file:1/model.onnx"].bytes_param = b"\x00\xff"
+    load.parameters["none"].SetInParent()
+    assert convert.params_from_proto(pb.ModelRepositoryParameter.DESCRIPTOR.full_name, load.parameters) == {
+        "file:1/model.onnx": "AP8="}
+
+
 @pytest.mark.parametrize("value", [{"a": 1}, [1, 2], 2**64])
 def test_parameters_that_have_no_grpc_form_are_refused(value: object) -> None:
     from oip import convert

@@ -94,6 +94,22 @@ def test_the_lean_answer_is_the_general_answer(fields: dict[str, Any]) -> None:
                           A + B if out.outputs[0].name == "OUTPUT0" else A - B)
 
 
+def test_each_request_gets_the_outputs_it_asks_for_in_its_order_request_after_request() -> None:
+    """The lean way keeps the outputs wanted by the names asked for (clients ask for the same ones again and
+    again): another order, another set, a name given twice (the general way's to refuse) are each told apart."""
+    dp = plane()
+    lean = lean_way(dp)
+    for names in (["OUTPUT1", "OUTPUT0"], ["OUTPUT0", "OUTPUT1"], ["OUTPUT1"], ["OUTPUT1", "OUTPUT0"],
+                  ["OUTPUT0", "OUTPUT0"], ["OUTPUT0"], ["OUTPUT0", "OUTPUT0"]):
+        message = request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=name) for name in names])
+        reply = lean(message)
+        if len(set(names)) < len(names):
+            assert reply is None, names
+            continue
+        assert isinstance(reply, bytes) and [out.name for out in parsed(reply).outputs] == names
+        assert parsed(reply) == general(dp, message)
+
+
 @pytest.mark.parametrize("answer", GOOD_ANSWERS)
 def test_every_answer_a_model_may_give_is_answered_as_the_general_way_does(answer: Any) -> None:
     dp = plane(Answers("answers", answer))

@@ -125,6 +125,7 @@ class Plan:
         self.names = [spec.name for spec in model.inputs]
         self.outputs = {spec.name: spec for spec in model.outputs}
         self.all_outputs = list(model.outputs)
+        self.wanted: dict[tuple[str, ...], list[TensorSpec]] = {}  # by the output names a request asks for
         self.dtypes = {spec.name: np.dtype(datatypes.BY_NAME[spec.datatype].dtype) for spec in model.outputs}
         self.shapes = {spec.name: tuple(declared_shape(model, spec)) for spec in model.outputs}
         self.fitting: set[tuple[str, tuple[int, ...]]] = set()  # (output, shape) found to fit a variable shape
@@ -150,16 +151,24 @@ class Plan:
         return rows if rows is not None and 1 <= rows <= self.max_batch_size else None
 
     def outputs_wanted(self, names: Sequence[str]) -> list[TensorSpec] | None:
-        """The outputs to answer, in answer order (every one when `names` is empty); None for an unknown or repeated
-        name (the general way refuses it)."""
+        """The outputs to answer, in answer order (every one when `names` is empty; not to be changed: a list is
+        kept per names asked, as clients ask for the same ones request after request); None for an unknown or
+        repeated name (the general way refuses it)."""
         if not names:
             return self.all_outputs
-        wanted: list[TensorSpec] = []
+        key = tuple(names)
+        wanted = self.wanted.get(key)
+        if wanted is not None:
+            return wanted
+        wanted = []
         for name in names:
             spec = self.outputs.get(name)
-            if spec is None or spec in wanted:
+            if spec is None or any(spec is known for known in wanted):
                 return None
             wanted.append(spec)
+        if len(self.wanted) >= _MAX_SHAPES:
+            self.wanted.clear()
+        self.wanted[key] = wanted
         return wanted
 
     def answer(self, result: Any, wanted: list[TensorSpec], batch_size: int) -> list[npt.NDArray[Any]] | None:
