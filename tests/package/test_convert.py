@@ -106,6 +106,17 @@ def convert_name(schema: str) -> str:
     return snake_case(schema)
 
 
+def test_a_path_field_given_as_none_is_left_unset() -> None:
+    """A route's optional path field that the request left out (no `/versions/V`) comes as None: the message keeps
+    the field's default, with or without a body."""
+    from oip import convert
+
+    ready = convert.request_to_proto("model_ready", None, path={"name": "m", "version": None})
+    assert (ready.name, ready.version) == ("m", "")  # type: ignore[attr-defined]
+    infer = convert.request_to_proto("model_infer", {"inputs": []}, path={"model_name": "m", "model_version": None})
+    assert (infer.model_name, infer.model_version) == ("m", "")  # type: ignore[attr-defined]
+
+
 def test_request_to_proto_refuses_what_the_operation_does_not_take() -> None:
     from oip import convert
 
