@@ -47,6 +47,7 @@ __all__ = [
     "from_contents_message",
     "from_json",
     "from_raw",
+    "holds_bytes_only",
     "to_contents",
     "to_json",
     "to_raw",
@@ -61,6 +62,7 @@ _NESTED: Final = (list, tuple, np.ndarray)
 _BOOLS: Final = (bool, np.bool_)
 _INTS: Final = (int, np.integer)
 _NUMBERS: Final = (int, float, np.integer, np.floating)
+_BYTES_ONLY: Final = frozenset({bytes})
 
 
 def _family(info: DatatypeInfo) -> str:
@@ -601,6 +603,12 @@ def _prepare(array: npt.ArrayLike, datatype: str | None, name: str) -> tuple[Arr
     return _coerce(arr, info, name), info
 
 
+def holds_bytes_only(array: Array) -> bool:
+    """Whether `array` is an object array whose elements are all `bytes`: BYTES as every way decodes it, which
+    needs no converting."""
+    return array.dtype.kind == "O" and set(map(type, array.reshape(-1).tolist())) <= _BYTES_ONLY
+
+
 def as_datatype(array: npt.ArrayLike, datatype: str, *, name: str = "") -> Array:
     """`array` in the numpy dtype of `datatype` (BYTES: an object array of `bytes`, str elements encoded as
     UTF-8), converted only where no value changes meaning; CodecError otherwise.
@@ -616,7 +624,7 @@ def as_datatype(array: npt.ArrayLike, datatype: str, *, name: str = "") -> Array
     arr = _coerce(np.asarray(array), info, name)
     if not info.variable:
         return arr
-    if arr.dtype.kind == "O" and set(map(type, arr.reshape(-1).tolist())) <= {bytes}:
+    if holds_bytes_only(arr):
         return arr
     items = _bytes_list(arr, name)
     out = np.empty(len(items), dtype=object)

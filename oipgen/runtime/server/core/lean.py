@@ -32,7 +32,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ... import datatypes
+from ... import codec, datatypes
 from ..errors import OipError
 from ..model import Model, TensorSpec
 from ..observe.events import Observers, Timer
@@ -48,7 +48,6 @@ PARAMETERS: Final = "parameters"  # the extension request parameters need to rea
 
 __all__ = ["InputPlan", "Lean", "Plan"]
 
-_BYTES: Final = frozenset({bytes})
 _MAX_PLANS: Final = 1024  # model names and versions whose plans are kept (names that came and went are dropped)
 _MAX_SHAPES: Final = 256  # shapes found to fit a variable declaration, kept per input and per plan's outputs
 
@@ -163,7 +162,7 @@ class Plan:
         wanted = []
         for name in names:
             spec = self.outputs.get(name)
-            if spec is None or any(spec is known for known in wanted):
+            if spec is None or spec in wanted:
                 return None
             wanted.append(spec)
         if len(self.wanted) >= _MAX_SHAPES:
@@ -181,7 +180,7 @@ class Plan:
             value = result.get(spec.name)
             if type(value) is not np.ndarray or value.dtype != self.dtypes[spec.name]:
                 return None
-            if value.dtype.kind == "O" and not set(map(type, value.ravel().tolist())) <= _BYTES:
+            if value.dtype.kind == "O" and not codec.holds_bytes_only(value):
                 return None  # BYTES whose elements are not all bytes yet: converted or refused by `finish`
             shape = value.shape
             declared = self.shapes[spec.name]

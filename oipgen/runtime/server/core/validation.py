@@ -46,7 +46,6 @@ TRANSPORT_PARAMETERS: Final = frozenset({extensions.BINARY_DATA_OUTPUT})
 RESERVED_PREFIX: Final = "triton_"
 RESERVED_ALLOWED: Final = frozenset({"triton_enable_empty_final_response"})
 _SCALARS: Final = (bool, int, float, str)
-_BYTES_ONLY: Final = frozenset({bytes})  # the element types of a BYTES array that needs no converting
 
 def declared_shape(model: Model, spec: TensorSpec) -> tuple[int, ...]:
     """The shape a request or response tensor must have: the declared one, after a -1 batch dimension when the
@@ -251,7 +250,7 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
     value = outputs[spec.name]
     info = datatypes.BY_NAME.get(spec.datatype)
     if info is not None and type(value) is np.ndarray and value.dtype == info.dtype and (
-            value.dtype.kind != "O" or set(map(type, value.ravel().tolist())) <= _BYTES_ONLY):
+            value.dtype.kind != "O" or codec.holds_bytes_only(value)):
         array = value  # already in its datatype (what most models return; BYTES: bytes only): nothing to convert
     else:
         try:
