@@ -36,6 +36,7 @@ from . import datatypes
 from .datatypes import DatatypeInfo
 
 __all__ = [
+    "COPY_BELOW",
     "CodecError",
     "as_datatype",
     "datatype_info",
@@ -63,6 +64,9 @@ _BOOLS: Final = (bool, np.bool_)
 _INTS: Final = (int, np.integer)
 _NUMBERS: Final = (int, float, np.integer, np.floating)
 _BYTES_ONLY: Final = frozenset({bytes})
+COPY_BELOW: Final = 1 << 16
+"""Raw bytes below which `to_raw` copies an array already of its datatype rather than view it (a copy that small
+costs less than making the view)."""
 
 
 def _family(info: DatatypeInfo) -> str:
@@ -532,13 +536,18 @@ def to_raw(array: npt.ArrayLike, datatype: str | None = None, *, name: str = "")
     """Encode `array` as raw little-endian row-major bytes.
 
     Fixed-size types return a byte `memoryview` that aliases `array` when it already is little-endian and
-    C-contiguous (no copy; call `bytes()` on it where bytes are required, as in protobuf fields). BYTES
+    C-contiguous (no copy; call `bytes()` on it where bytes are required, as in protobuf fields), except that a
+    small array already of the datatype's dtype returns its bytes. BYTES
     returns `bytes` framed as a 4-byte LE length and the bytes per element; elements may be bytes, str
     (UTF-8), np.bytes_ or np.str_. With `datatype`, the array is first converted to it where no value changes
     meaning (see `as_datatype`); anything else is a CodecError.
     """
-    if datatype == "BYTES" and type(array) is np.ndarray and array.dtype.kind == "O":  # a model's usual text answer
-        return _bytes_to_raw(array, name)
+    if type(array) is np.ndarray and type(datatype) is str:
+        if datatype == "BYTES" and array.dtype.kind == "O":  # a model's usual text answer
+            return _bytes_to_raw(array, name)
+        known = datatypes.BY_NAME.get(datatype)
+        if known is not None and array.dtype == known.dtype and array.nbytes < COPY_BELOW and not known.variable:
+            return array.tobytes()  # small and of its datatype already: a copy costs less than making the view
     arr, info = _prepare(array, datatype, name)
     if info.variable:
         return _bytes_to_raw(arr, name)

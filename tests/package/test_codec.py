@@ -325,6 +325,10 @@ def test_raw_layout_is_little_endian_row_major() -> None:
     assert bytes(codec.to_raw(fortran)) == np.arange(6, dtype="<i4").tobytes()
     strided = np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2]
     assert bytes(codec.to_raw(strided)) == np.array([0, 2, 4, 6, 8, 10], dtype="<i8").tobytes()
+    # Named with their datatype, as the server writes its answers (a small array of it is copied, not viewed).
+    assert bytes(codec.to_raw(int16s, "INT16")) == b"\x01\x00\x02\x00\x03\x00\x04\x00"
+    assert bytes(codec.to_raw(fortran, "INT32")) == np.arange(6, dtype="<i4").tobytes()
+    assert bytes(codec.to_raw(strided, "INT64")) == np.array([0, 2, 4, 6, 8, 10], dtype="<i8").tobytes()
 
 
 @pytest.mark.parametrize("datatype", [d for d in FIXED if info(d).size > 1])
@@ -370,6 +374,8 @@ def test_to_raw_is_zero_copy_when_already_little_endian_contiguous() -> None:
     raw = codec.to_raw(array)
     assert isinstance(raw, memoryview)
     assert np.shares_memory(np.frombuffer(raw, dtype=np.uint8), array)
+    large = np.arange(1 << 15, dtype="<i4")
+    assert np.shares_memory(np.frombuffer(codec.to_raw(large, "INT32"), dtype=np.uint8), large)
 
 
 # --- BYTES -------------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class _Context:
 
 
 class _Serialized:
-    """An answer the servicer serialized itself (large outputs are written after the message, without a copy)."""
+    """An answer the servicer serialized itself (inference answers: written as bytes, large outputs uncopied)."""
 
     __slots__ = ("data",)
 

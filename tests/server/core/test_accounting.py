@@ -17,7 +17,7 @@ import orjson
 import pytest
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import Assembly, DataPlane, Model, ModelRepository, OipError, Settings, TensorSpec, TooLarge
-from oip.server.grpc import Servicer, decode_infer_request, encode_infer_response
+from oip.server.grpc import INFER, Servicer, decode_infer_request
 from oip.server.grpc.in_thread import NOT_HERE, UnaryInfer, in_thread
 from oip.server.grpc.servicer import observer
 from oip.server.model import DynamicBatching
@@ -77,7 +77,7 @@ def test_one_header_check_holds_at_its_limit_on_every_way() -> None:
     limit is refused too, whichever way the request would take."""
     settings = Settings(max_tensor_elements=4)
     dp = plane(settings)
-    lean = UnaryInfer(dp.pipeline, settings, encode_infer_response)
+    lean = UnaryInfer(dp.pipeline, settings, INFER)
     at, over = np.ones(4, dtype=np.float32), np.ones(5, dtype=np.float32)
 
     assert decode_rest(rest_body([4]), None, settings)[0].inputs[0].shape == [4]
@@ -98,7 +98,7 @@ def test_one_header_check_holds_at_its_limit_on_every_way() -> None:
     with pytest.raises(TooLarge, match="16 elements, more than the 4"):
         decode_infer_request(grpc_request("fixed", fixed), settings)
     roomy = Settings(max_tensor_elements=16)
-    assert UnaryInfer(plane(roomy).pipeline, roomy, encode_infer_response)(grpc_request("fixed", fixed)) is not None
+    assert UnaryInfer(plane(roomy).pipeline, roomy, INFER)(grpc_request("fixed", fixed)) is not None
 
 
 def test_the_lean_way_reports_its_phases_to_every_observer_alike() -> None:
@@ -109,7 +109,7 @@ def test_the_lean_way_reports_its_phases_to_every_observer_alike() -> None:
     dp = plane(settings)
     seen = Recorder()
     dp.observers.append(seen)
-    lean = UnaryInfer(dp.pipeline, settings, encode_infer_response)
+    lean = UnaryInfer(dp.pipeline, settings, INFER)
     Echo.pause = 0.03
     replies: list[Any] = []
     slots = dp.pipeline.model_slots
@@ -165,7 +165,7 @@ def test_a_lean_request_of_a_dynamic_batch_reports_its_phases_to_every_observer_
     dp = DataPlane(repository, settings)
     seen = Recorder()
     dp.observers.append(seen)
-    lean = UnaryInfer(dp.pipeline, settings, encode_infer_response)
+    lean = UnaryInfer(dp.pipeline, settings, INFER)
     message = pb.ModelInferRequest(model_name="rows")
     message.inputs.add(name="IN", datatype="INT32", shape=[2, 16])
     message.raw_input_contents.append(np.arange(32, dtype=np.int32).tobytes())
@@ -254,7 +254,7 @@ def test_a_failure_on_the_lean_way_is_the_same_error_and_record_as_on_the_genera
     dp.observers.append(seen)
     message = grpc_request("failing", np.ones(2, dtype=np.float32))
     with pytest.raises(OipError) as lean:
-        UnaryInfer(dp.pipeline, settings, encode_infer_response)(message)
+        UnaryInfer(dp.pipeline, settings, INFER)(message)
     with pytest.raises(OipError) as general:
         dp.pipeline.infer_in_thread(decode_infer_request(message, settings))
     assert (lean.value.kind, lean.value.message) == (general.value.kind, general.value.message)

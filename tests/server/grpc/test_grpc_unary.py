@@ -24,7 +24,7 @@ from lean_models import GOOD_ANSWERS, WRONG_ANSWERS, Answers, Arrays, Async, Bat
 from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
 from oip.server import DataPlane, Model, ModelFailure, ModelRepository, OipError, Settings
-from oip.server.grpc import decode_infer_request, encode_infer_response
+from oip.server.grpc import INFER, decode_infer_request, encode_infer_response
 from oip.server.grpc.in_thread import UnaryInfer
 from oip.server.model import DynamicBatching, TensorSpec
 from oip.server.observe.events import ExecutionRecord, InferenceRecord, Observer
@@ -65,7 +65,7 @@ def general(dp: DataPlane, message: Any) -> Any:
 
 
 def lean_way(dp: DataPlane) -> UnaryInfer:
-    return UnaryInfer(dp.pipeline, dp.settings, encode_infer_response)
+    return UnaryInfer(dp.pipeline, dp.settings, INFER)
 
 
 def parsed(reply: Any) -> Any:
@@ -644,21 +644,27 @@ def test_requests_that_arrive_while_a_batch_runs_form_the_next_batch() -> None:
     assert counts(dp, "held_batch")["execution_count"] == 2
 
 
-def test_a_reply_never_takes_the_wire_of_a_plan_that_is_gone() -> None:
-    """The serialized model name and output headers are kept by the plan's id: once a plan is gone (its model
-    reloaded or unloaded), a new plan may get the same id. A wire left there by another model's plan (as a freed
-    plan leaves it) is not used: the reply names the model that answered."""
-    from oip.server.grpc.in_thread import _Wire
+class IntAnswers(Answers):
+    """`Answers` of INT32: an output named and shaped as its, of another datatype."""
 
-    dp = plane(Answers("answers", lambda i: {"OUT": i["IN"]}))
+    inputs = (TensorSpec("IN", "INT32", [-1]),)
+    outputs = (TensorSpec("OUT", "INT32", [-1]),)
+
+
+def test_a_reply_takes_the_pieces_of_the_model_that_answered() -> None:
+    """The serialized model name and output headers are kept by what they are made of (`InferCodec.head`,
+    `header`), not by the model: two models with an output of the same name and shape but another datatype, and
+    a model reloaded under another version, each get their own in their replies."""
+    dp = plane(
+        Answers("answers", lambda i: {"OUT": i["IN"]}),
+        IntAnswers("ints", lambda i: {"OUT": i["IN"]}),
+    )
     lean = lean_way(dp)
-    other = dp.pipeline.lean.plan("simple", "")
-    plan = dp.pipeline.lean.plan("answers", "")
-    assert other is not None and plan is not None
-    lean._wires[id(plan)] = _Wire(other)  # what a freed plan of `simple` at this plan's address would have left
-    reply = parsed(lean(request("answers", {"IN": np.array([1.5, -2.0], np.float32)})))
-    assert (reply.model_name, [o.name for o in reply.outputs]) == ("answers", ["OUT"])
-    assert reply == general(dp, request("answers", {"IN": np.array([1.5, -2.0], np.float32)}))
+    floats = parsed(lean(request("answers", {"IN": np.array([1.5, -2.0], np.float32)})))
+    ints = parsed(lean(request("ints", {"IN": np.array([1, -2], np.int32)})))
+    assert (floats.model_name, floats.outputs[0].datatype) == ("answers", "FP32")
+    assert (ints.model_name, ints.outputs[0].datatype) == ("ints", "INT32")
+    assert ints == general(dp, request("ints", {"IN": np.array([1, -2], np.int32)}))
 
 
 def test_the_polling_thread_hands_its_plan_to_the_call_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:

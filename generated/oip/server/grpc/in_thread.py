@@ -29,7 +29,6 @@ through the pipeline's `finish` and the transport's encoder, which check and ref
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,7 +37,6 @@ import grpc
 import numpy as np
 
 from ... import codec
-from ...grpc import grpc_service_pb2 as pb
 from ...grpc.wire import ONE_BYTE_VARINTS, varint
 from ..core.accounting import Inference
 from ..core.lean import Plan
@@ -46,7 +44,6 @@ from ..core.pipeline import Pipeline
 from ..model import TensorSpec
 from ..observe.tracing import carrier
 from ..settings import Settings
-from ..types import InferResponse
 from .infer_codec import InferCodec, InferWire, Malformed, message_size
 from .servicer import Observe, metadata, metadata_of, status
 
@@ -55,53 +52,19 @@ __all__ = ["NOT_HERE", "InThread", "Respond", "UnaryInfer", "in_thread"]
 NOT_HERE: Final = object()
 """What the thread's handler returns when the call must take the event loop's way."""
 
-_RESPONSE: Final = pb.ModelInferResponse
-_OUTPUT: Final = pb.ModelInferResponse.InferOutputTensor
-_FIELDS: Final = _RESPONSE.DESCRIPTOR.fields_by_name
-_OUTPUTS_TAG: Final = varint(_FIELDS["outputs"].number << 3 | 2)
-_RAW_TAG: Final = varint(_FIELDS["raw_output_contents"].number << 3 | 2)
-_MAX_HEADERS: Final = 4096  # serialized output headers kept per model (name, datatype, shape)
 _BOOL: Final = np.dtype(np.bool_)
-_VIEW_FROM: Final = 1 << 16  # output bytes from which the reply is joined from the array's memory, not a copy of it
-
-
-class _Wire:
-    """What the reply of one model instance is made of: the serialized model name and version, and each output's
-    serialized header by (name, shape), made on the first answer of that shape. Kept by `id(plan)`, with a weak
-    reference to its plan: once a plan is gone (its model reloaded or unloaded), another may get its id, and must not
-    get its wire."""
-
-    __slots__ = ("headers", "plan", "prefix")
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = weakref.ref(plan)
-        model = plan.model
-        self.prefix = _RESPONSE(model_name=model.name, model_version=model.version).SerializeToString()
-        self.headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
-
-    def header(self, spec: TensorSpec, shape: tuple[int, ...]) -> bytes:
-        """An output's serialized InferOutputTensor, framed as an entry of the response's `outputs`."""
-        header = self.headers.get((spec.name, shape))
-        if header is None:
-            body = _OUTPUT(name=spec.name, datatype=spec.datatype, shape=shape).SerializeToString()
-            header = _OUTPUTS_TAG + varint(len(body)) + body
-            if len(self.headers) < _MAX_HEADERS:
-                self.headers[spec.name, shape] = header
-        return header
 
 
 class UnaryInfer:
-    """The lean way of unary ModelInfer (see the module's description). `encode` is the transport's encoder of
-    a data plane response (the reply the general way gives), for the answers this way does not write itself;
-    `params` reads a protobuf parameters map as the general way's decoder does."""
+    """The lean way of unary ModelInfer (see the module's description). `infer` is the transport's codec: it
+    reads a parameters map as the general way does, and writes the answers (the pieces of those this way writes
+    itself, and the general way's answers to the rest)."""
 
-    def __init__(self, pipeline: Pipeline, settings: Settings, encode: Callable[[InferResponse], Any],
-                 params: Callable[[Any], dict[str, Any]] | None = None) -> None:
+    def __init__(self, pipeline: Pipeline, settings: Settings, infer: InferCodec[Any]) -> None:
         self.lean = pipeline.lean
         self.settings = settings
-        self.encode = encode
-        self.params = params if params is not None else _params
-        self._wires: dict[int, _Wire] = {}  # by id(plan): a plan's wire, while it lives (`_Wire`)
+        self.infer = infer
+        self.params = infer.params_from_proto
         # The call the polling thread is answering (`answers_here`): its message and the plan it looked up. That
         # call's handler takes the plan rather than looking it up again, and leaves its request's record to be made
         # once the reply is sent (`unrecorded`), so that the record never delays the reply (`Observers.recording`);
@@ -262,40 +225,28 @@ class UnaryInfer:
                batch_size: int) -> Any:
         outputs = plan.answer(result, wanted, batch_size)
         if outputs is not None:
-            wire = self._wires.get(id(plan))
-            if wire is None or wire.plan() is not plan or len(self._wires) > _MAX_HEADERS:
-                if len(self._wires) > _MAX_HEADERS:
-                    self._wires.clear()
-                wire = self._wires[id(plan)] = _Wire(plan)
-            parts: list[bytes | memoryview] = [wire.prefix]
+            infer, model = self.infer, plan.model
+            parts: list[bytes | memoryview] = [infer.head(model.name, model.version)]
             if request_id:
-                parts.append(_RESPONSE(id=request_id).SerializeToString())
+                parts.append(infer.response(id=request_id).SerializeToString())
             raws: list[bytes | memoryview] = []
+            raw_tag = infer.raw_tag
             for spec, value in zip(wanted, outputs, strict=True):
-                parts.append(wire.header(spec, value.shape))
+                parts.append(infer.header(spec.name, spec.datatype, value.shape))
                 data: bytes | memoryview
-                if value.dtype.kind == "O":  # BYTES: its elements framed; one that is no string: as below
-                    try:
+                if value.dtype.kind != "O" and value.nbytes < codec.COPY_BELOW:
+                    data = value.tobytes()  # `to_raw`'s own first way, without the call (`Plan.answer`: its dtype)
+                else:
+                    try:  # a large array's own memory; BYTES framed: an element that is no string, as below
                         data = codec.to_raw(value, spec.datatype, name=spec.name)
                     except codec.CodecError:
                         break
-                elif value.nbytes < _VIEW_FROM:
-                    data = value.tobytes()
-                else:  # large: the array's own bytes, copied once, into the reply
-                    data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
                 size = data.nbytes if type(data) is memoryview else len(data)
-                raws += (_RAW_TAG, ONE_BYTE_VARINTS[size] if size < 0x80 else varint(size), data)
+                raws += (raw_tag, ONE_BYTE_VARINTS[size] if size < 0x80 else varint(size), data)
             else:
                 return b"".join(parts + raws)
-        # Anything else: checked, converted or refused as the pipeline does, encoded by the transport.
-        return self.encode(self.lean.finish(plan, request_id, arrays, wanted, result, batch_size))
-
-
-def _params(entries: Any) -> dict[str, Any]:
-    """A protobuf parameters map as the general way's decoder reads it."""
-    from ... import convert
-
-    return convert.params_from_proto(pb.InferParameter.DESCRIPTOR.full_name, entries)
+        # Anything else: checked, converted or refused as the pipeline does, written as the general way writes it.
+        return self.infer.serialize_response(self.lean.finish(plan, request_id, arrays, wanted, result, batch_size))
 
 
 Respond = Callable[..., None]
@@ -325,8 +276,8 @@ def in_thread(
     other request. The common request takes the lean way (`UnaryInfer`: the same checks, counts and errors, less
     work). `observe` counts and logs each answer; with `tracing`, the caller's trace context goes with the
     request."""
-    decode_request, encode_wire = infer.decode_request, infer.encode_wire
-    lean = UnaryInfer(pipeline, settings, encode_wire, infer.params_from_proto)
+    decode_request, serialize_response = infer.decode_request, infer.serialize_response
+    lean = UnaryInfer(pipeline, settings, infer)
     request_type = infer.request
     recording = pipeline.observers.recording
 
@@ -370,7 +321,7 @@ def in_thread(
             infer_request = decode_request(message, settings, wire.raw if wire is not None else None)
             infer_request.transport = "grpc"
             infer_request.trace = trace
-            reply = encode_wire(pipeline.infer_in_thread(infer_request))
+            reply = serialize_response(pipeline.infer_in_thread(infer_request))
             if observe is not None:
                 sent = message_size(reply)
             return reply

@@ -111,8 +111,8 @@ class ServicerBase:
     async def infer_call(
         self, operation: Callable[[InferRequest], Awaitable[InferResponse]], request: Any, context: Context
     ) -> Any:
-        """Unary inference on the event loop: the response message, or its serialized bytes for large outputs
-        (the handler's serializer passes bytes through)."""
+        """Unary inference on the event loop: the response, serialized (the handler's serializer passes bytes
+        through)."""
         try:
             if isinstance(request, InferWire):
                 infer_request = self.infer.decode_request(request.message, self.settings, request.raw)
@@ -121,7 +121,7 @@ class ServicerBase:
             infer_request.transport = "grpc"
             if self.tracing:
                 infer_request.trace = carrier(metadata(context).get)
-            return self.infer.encode_wire(await operation(infer_request))
+            return self.infer.serialize_response(await operation(infer_request))
         except Exception as exc:
             await _abort(context, exc)
 
@@ -144,7 +144,7 @@ class ServicerBase:
                 elif rpc.stream_response_field is None or rpc.stream_error_field is None:
                     if isinstance(reply, Exception):
                         await _abort(context, reply)
-                    yield self.infer.encode_response(reply)
+                    yield self.infer.serialize_response(reply)
                 else:
                     yield self._wrapped(rpc, reply)
         except Exception as exc:
@@ -176,7 +176,7 @@ class ServicerBase:
         infer_field, error_field = cast(str, rpc.stream_response_field), cast(str, rpc.stream_error_field)
         if not isinstance(reply, Exception):
             try:
-                inner: bytes = self.infer.encode_response(reply).SerializeToString()
+                inner = self.infer.serialize_response(reply)
                 return _field_tag(rpc.response, infer_field) + wire.varint(len(inner)) + inner
             except Exception as exc:
                 reply = exc

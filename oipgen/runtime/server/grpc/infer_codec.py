@@ -3,9 +3,10 @@
 Inference decodes typed `contents` (`codec.from_contents_message`, which refuses a field that does not belong to
 the datatype) or `raw_input_contents` (zero-copy `codec.from_raw`; entry i belongs to the i-th input without
 contents, and a request may not use both forms) and answers in `raw_output_contents` only, one entry per output,
-as Triton does. Large messages keep their raw tensor bytes out of the protobuf message both ways (`InferWire`,
-`InferCodec.encode_wire`). Request bytes that do not parse as the message become `Malformed`, which the servicer
-refuses with INVALID_ARGUMENT.
+as Triton does. Answers are written as bytes from pieces kept once made (`InferCodec.serialize_response`), and large
+requests keep their raw tensor bytes out of the protobuf message (`InferWire`), so tensor data is never copied into
+or out of one. Request bytes that do not parse as the message become `Malformed`, which the servicer refuses with
+INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _SHARED_MEMORY: Final = extensions.SHARED_MEMORY_REGION  # input parameters: dat
 # Inference messages at least this large keep their raw tensor bytes out of the protobuf message: the request's
 # are read as views of the received bytes, the response's are written after the serialized rest (no copies).
 _BIG: Final = 1 << 16
+_MAX_PIECES: Final = 4096  # serialized pieces of answers kept (`InferCodec.serialize_response`)
 
 
 class InferCodec(Generic[_R]):
@@ -50,6 +52,13 @@ class InferCodec(Generic[_R]):
         self.param_type = param_type
         self.raw_input_field = raw_input_field
         self.raw_output_field = raw_output_field
+        self.raw_tag = wire.varint(raw_output_field << 3 | 2)  # the key of a raw_output_contents entry
+        # Serialized pieces of answers (`serialize_response`), by what they are made of: the model's name and
+        # version, an output's name, datatype and shape, a map of flags. Written by every thread that answers: an
+        # entry is only ever added whole, and one lost to a concurrent clear is made again.
+        self._heads: dict[tuple[str, str], bytes] = {}
+        self._headers: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+        self._flags: dict[tuple[tuple[str, bool], ...], bytes] = {}
 
     def decode_request(
         self, message: Any, settings: Settings, raw_contents: Sequence[bytes | memoryview] | None = None
@@ -94,20 +103,86 @@ class InferCodec(Generic[_R]):
         )
 
     def encode_response(self, response: InferResponse) -> _R:
-        """The gRPC answer: every output's data in `raw_output_contents` (one entry per output, even empty)."""
-        message, raw = self._encode_parts(response)
-        cast(Any, message).raw_output_contents.extend(bytes(entry) for entry in raw)
-        return message
+        """The gRPC answer as a message: every output's data in `raw_output_contents` (one entry per output, even
+        empty), as `serialize_response` writes it."""
+        return self.response.FromString(self.serialize_response(response))
 
-    def encode_wire(self, response: InferResponse) -> _R | bytes:
-        """The answer of a unary inference: the message, or for large outputs its serialized form with the raw
-        outputs appended as raw_output_contents entries (the same bytes protobuf would write, one copy fewer)."""
-        message, raw = self._encode_parts(response)
-        sizes = [entry.nbytes if isinstance(entry, memoryview) else len(entry) for entry in raw]
-        if sum(sizes) < _BIG:
-            cast(Any, message).raw_output_contents.extend(bytes(entry) for entry in raw)
-            return message
-        return b"".join([message.SerializeToString(), *wire.field_entries(self.raw_output_field, raw)])
+    def serialize_response(self, response: InferResponse) -> bytes:
+        """The serialized gRPC answer: the bytes protobuf writes for its message (the fields in their order),
+        joined from pieces kept once made, since they repeat from answer to answer (the model's name and version,
+        each output's header, a parameters map of flags), and the outputs' raw bytes (a large output's straight
+        from its array's memory: never copied into a protobuf message)."""
+        parts: list[bytes | memoryview] = [self.head(response.model_name, response.model_version)]
+        if response.id:
+            parts.append(self.response(id=response.id).SerializeToString())
+        if response.parameters:
+            parts.append(self._parameters_piece(response.parameters))
+        raws: list[bytes | memoryview] = []
+        raw_tag = self.raw_tag
+        for tensor in response.outputs:
+            if tensor.parameters:
+                parts.append(self._output_header(tensor.name, tensor.datatype, tensor.shape, tensor.parameters))
+            else:
+                parts.append(self.header(tensor.name, tensor.datatype, tuple(tensor.shape)))
+            if tensor.data is None:
+                raws += (raw_tag, b"\x00")
+                continue
+            try:
+                data = codec.to_raw(tensor.data, tensor.datatype, name=tensor.name)
+            except codec.CodecError as exc:
+                raise ModelFailure(str(exc)) from None
+            size = data.nbytes if type(data) is memoryview else len(data)
+            raws += (raw_tag, wire.ONE_BYTE_VARINTS[size] if size < 0x80 else wire.varint(size), data)
+        return b"".join(parts + raws)
+
+    def head(self, model_name: str, model_version: str) -> bytes:
+        """The answer's first fields, serialized: the model's name and version."""
+        head = self._heads.get((model_name, model_version))
+        if head is None:
+            if len(self._heads) >= _MAX_PIECES:  # names that keep changing: start over
+                self._heads.clear()
+            head = self.response(model_name=model_name, model_version=model_version).SerializeToString()
+            self._heads[model_name, model_version] = head
+        return head
+
+    def header(self, name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+        """An output without parameters as an entry of the answer's `outputs`, serialized (its data goes in
+        `raw_output_contents`)."""
+        header = self._headers.get((name, datatype, shape))
+        if header is None:
+            if len(self._headers) >= _MAX_PIECES:  # shapes that keep changing: start over
+                self._headers.clear()
+            header = self._headers[name, datatype, shape] = self._output_header(name, datatype, shape, {})
+        return header
+
+    def _output_header(self, name: str, datatype: str, shape: Sequence[int], params: Mapping[str, Any]) -> bytes:
+        message = cast(Any, self.response())
+        out = message.outputs.add(name=name, datatype=datatype, shape=shape)
+        self._params_to_proto(params, out.parameters, f"output '{name}'")
+        return bytes(message.SerializeToString())
+
+    def _parameters_piece(self, params: Mapping[str, Any]) -> bytes:
+        """The response's parameters map, serialized; kept when its values are flags (`triton_final_response` on
+        every response of a stream)."""
+        flags = self._flags
+        key: tuple[tuple[str, bool], ...] | None = tuple(params.items()) if len(params) <= 2 else None
+        if key is not None:
+            for _, value in key:
+                if type(value) is not bool:  # kept by value, and 1 == True: flags only
+                    key = None
+                    break
+            else:
+                piece = flags.get(key)
+                if piece is not None:
+                    return piece
+        message = cast(Any, self.response())
+        self._params_to_proto(params, message.parameters, "response")
+        piece = bytes(message.SerializeToString())
+        if key is not None:
+            if len(flags) >= _MAX_PIECES:
+                flags.clear()
+            flags[key] = piece
+        return piece
 
     def request_error(self, message: Any, exc: Exception) -> StreamError:
         """A stream's request that cannot be decoded: its error, with what identifies the request."""
@@ -131,24 +206,6 @@ class InferCodec(Generic[_R]):
             return InferWire(message, raw) if raw and not isinstance(message, Malformed) else message
 
         return parse
-
-    def _encode_parts(self, response: InferResponse) -> tuple[_R, list[bytes | memoryview]]:
-        """The answer without its raw_output_contents, and those (views of the outputs' arrays where possible)."""
-        message = self.response(model_name=response.model_name, model_version=response.model_version, id=response.id)
-        reply = cast(Any, message)
-        self._params_to_proto(response.parameters, reply.parameters, "response")
-        raw: list[bytes | memoryview] = []
-        for tensor in response.outputs:
-            out = reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-            self._params_to_proto(tensor.parameters, out.parameters, f"output '{tensor.name}'")
-            if tensor.data is None:
-                raw.append(b"")
-                continue
-            try:
-                raw.append(codec.to_raw(tensor.data, tensor.datatype, name=tensor.name))
-            except codec.CodecError as exc:
-                raise ModelFailure(str(exc)) from None
-        return message, raw
 
     def params_from_proto(self, entries: Mapping[str, Any]) -> dict[str, Any]:
         return convert.params_from_proto(self.param_type, entries)
