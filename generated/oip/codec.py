@@ -601,6 +601,10 @@ def _bytes_list(arr: Array, name: str) -> list[bytes]:
 
 def _prepare(array: npt.ArrayLike, datatype: str | None, name: str) -> tuple[Array, DatatypeInfo]:
     """`array` as an ndarray of `datatype` (default: its own), and that datatype's row."""
+    if type(array) is np.ndarray and type(datatype) is str:  # an answer's usual array: already of its datatype
+        known = datatypes.BY_NAME.get(datatype)
+        if known is not None and array.dtype == known.dtype:
+            return array, known
     arr = np.asarray(array)
     if datatype is None:
         found = datatypes.name_of_dtype(arr.dtype)

@@ -177,7 +177,7 @@ class ServicerBase:
         if not isinstance(reply, Exception):
             try:
                 inner = self.infer.serialize_response(reply)
-                return _field_tag(rpc.response, infer_field) + wire.varint(len(inner)) + inner
+                return b"".join((_field_tag(rpc.response, infer_field), wire.varint(len(inner)), inner))  # one copy
             except Exception as exc:
                 reply = exc
         wrapped = rpc.response()

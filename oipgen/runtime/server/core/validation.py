@@ -57,6 +57,8 @@ def shape_fits(declared: Sequence[int], shape: Sequence[int]) -> bool:
     """The shape rule, for requests and answers over every way: `shape` has the rank of the `declared` shape, and
     each dimension is the declared one where that is not -1 (any size). Dimensions are checked to be sizes (integers
     >= 0) before: `tensor_elements` for a request's tensor, numpy for an answer's array."""
+    if shape == declared:  # most answers' arrays: as declared, no dimension that varies (a tuple's compare is cheap)
+        return True
     if len(shape) != len(declared):
         return False
     for d, s in zip(declared, shape, strict=True):  # noqa: SIM110 (a loop: cheaper than all() over a generator)
