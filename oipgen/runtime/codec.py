@@ -538,15 +538,13 @@ def to_raw(array: npt.ArrayLike, datatype: str | None = None, *, name: str = "")
     (UTF-8), np.bytes_ or np.str_. With `datatype`, the array is first converted to it where no value changes
     meaning (see `as_datatype`); anything else is a CodecError.
     """
-    if type(array) is np.ndarray and type(datatype) is str:
-        if datatype == "BYTES" and array.dtype.kind == "O":  # a model's usual text answer
-            return _bytes_to_raw(array, name)
-        known = datatypes.BY_NAME.get(datatype)
-        if known is not None and array.dtype == known.dtype and array.nbytes < COPY_BELOW and not known.variable:
-            return array.tobytes()  # small and of its datatype already: a copy costs less than making the view
+    if datatype == "BYTES" and type(array) is np.ndarray and array.dtype.kind == "O":  # a model's usual text answer
+        return _bytes_to_raw(array, name)
     arr, info = _prepare(array, datatype, name)
     if info.variable:
         return _bytes_to_raw(arr, name)
+    if arr is array and datatype is not None and arr.nbytes < COPY_BELOW:
+        return arr.tobytes()  # small and of its datatype already: a copy costs less than making the view
     flat = np.ascontiguousarray(arr).reshape(-1)
     return flat.view(np.uint8).data
 

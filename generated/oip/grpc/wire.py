@@ -89,8 +89,9 @@ def field_entries(number: int, entries: Sequence[bytes | memoryview]) -> list[by
     rest of a message."""
     tag = varint(number << 3 | 2)
     parts: list[bytes | memoryview] = []
-    for entry in entries:
-        parts += [tag, varint(entry.nbytes if isinstance(entry, memoryview) else len(entry)), entry]
+    for entry in entries:  # written per answer: small sizes' varints looked up, not made
+        size = entry.nbytes if type(entry) is memoryview else len(entry)
+        parts += (tag, ONE_BYTE_VARINTS[size] if size < 0x80 else varint(size), entry)
     return parts
 
 
