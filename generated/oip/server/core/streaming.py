@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from ..errors import ModelFailure, OipError
 from ..types import InferRequest, InferResponse
@@ -104,13 +105,64 @@ class _End:
         self.error = error
 
 
+_T = TypeVar("_T")
+
+
+class _Channel(Generic[_T]):
+    """A stream's responses on their way to its transport: first in, first out, from many writers (the requests'
+    tasks) to one reader; a writer waits while `limit` items wait, the reader while none does. asyncio.Queue does
+    the same in fifteen Python calls an item where this makes two, and every response of a stream goes through."""
+
+    __slots__ = ("_items", "_limit", "_reader", "_writers")
+
+    def __init__(self, limit: int) -> None:
+        self._items: deque[_T] = deque()
+        self._limit = limit
+        self._reader: asyncio.Future[None] | None = None
+        self._writers: deque[asyncio.Future[None]] = deque()
+
+    async def put(self, item: _T) -> None:
+        while len(self._items) >= self._limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._writers.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()  # a waiter already woken stays so
+                if waiter in self._writers:
+                    self._writers.remove(waiter)
+                if not waiter.cancelled() and len(self._items) < self._limit:
+                    self._wake_writer()  # woken, then cancelled: the free place goes to the next writer
+                raise
+        self._items.append(item)
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_result(None)
+
+    async def get(self) -> _T:
+        while not self._items:
+            self._reader = asyncio.get_running_loop().create_future()
+            await self._reader
+        item = self._items.popleft()
+        if self._writers:
+            self._wake_writer()
+        return item
+
+    def _wake_writer(self) -> None:
+        while self._writers:
+            waiter = self._writers.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
 async def serve_stream(
     requests: AsyncIterator[InferRequest | Exception], answer: Callable[[InferRequest], Answer]
 ) -> AsyncIterator[InferResponse | Exception]:
     """The responses of a stream of requests. An item of `requests` that is an exception (a request that could
     not be decoded) is answered with that error, in order. `answer(request)` says how to answer one request; an
     exception there or while answering is that request's error."""
-    out: asyncio.Queue[InferResponse | Exception | _End] = asyncio.Queue(_QUEUE)
+    out: _Channel[InferResponse | Exception | _End] = _Channel(_QUEUE)
     slots = asyncio.Semaphore(MAX_IN_FLIGHT)
     tasks: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()

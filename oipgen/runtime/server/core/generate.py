@@ -14,7 +14,6 @@ decoupled model as it comes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -133,8 +132,7 @@ def answer(response: InferResponse) -> dict[str, Any]:
             data = [] if tensor.data is None else codec.to_json(tensor.data, tensor.datatype, name=tensor.name)
         except codec.CodecError as exc:
             raise ModelFailure(str(exc)) from None
-        count = math.prod(tensor.shape)
-        out[tensor.name] = data[0] if count == 1 and len(data) == 1 else data
+        out[tensor.name] = data[0] if len(data) == 1 else data  # one element: the output's shape holds one
     for key, value in response.parameters.items():
         if key != FINAL and key not in _ANSWER_KEYS and key not in out:
             out[key] = value

