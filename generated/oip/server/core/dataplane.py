@@ -172,7 +172,10 @@ class DataPlane(DataPlaneBase):
     async def generate(self, path: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
         """The one answer of the model to a generate request, as flat JSON; InvalidRequest when the model
         answers with no response or with several (a decoupled model: use `generate_stream`)."""
-        answers = [answer async for answer in self._generate(path, body)]
+        model, request = self._generate_request(path, body)
+        if not model.decoupled:  # one response, as `infer` answers it
+            return generate.answer(await self.pipeline.infer(request))
+        answers = [answer async for answer in self._generate(request)]
         if len(answers) != 1:
             raise InvalidRequest(
                 f"generate expects model to produce exactly 1 response, got {len(answers)}; use generate_stream "
@@ -183,14 +186,16 @@ class DataPlane(DataPlaneBase):
     def generate_stream(self, path: dict[str, str], body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Each response of the model to a generate request as flat JSON, as the model produces it (closing the
         iterator stops the model's generator)."""
-        return self._generate(path, body)
+        return self._generate(self._generate_request(path, body)[1])
 
-    async def _generate(self, path: dict[str, str], body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def _generate_request(self, path: dict[str, str], body: dict[str, Any]) -> tuple[Model, InferRequest]:
         name, version = path.get("model_name", ""), path.get("model_version", "")
         model = self.repository.get(name, version)
         shapes = {spec.name: declared_shape(model, spec) for spec in model.inputs}
-        request = generate.request(model, shapes, body, model_name=name, model_version=version,
-                                   max_elements=self.settings.max_tensor_elements)
+        return model, generate.request(model, shapes, body, model_name=name, model_version=version,
+                                       max_elements=self.settings.max_tensor_elements)
+
+    async def _generate(self, request: InferRequest) -> AsyncIterator[dict[str, Any]]:
         responses = self.pipeline.answer(request).run()
         try:
             async for response in responses:
@@ -199,6 +204,7 @@ class DataPlane(DataPlaneBase):
             aclose = getattr(responses, "aclose", None)
             if aclose is not None:
                 await aclose()
+
     # --- metrics ------------------------------------------------------------------------------------------
 
     async def metric_families(self) -> list[Metric]:
