@@ -3,8 +3,9 @@
 - the REST transport's (`--serve-rest`): a bare uvicorn server (httptools, uvloop, the HTTP stack our server runs
   on) whose ASGI app reads each request's body whole and answers it with an answer recorded from a real server
   (`bench/loadgen.py --record`: the status, the headers that say what the body is, and the body, or a stream's
-  events one by one). bench/run.py drives it with the very load of a scenario, so our server's CPU per request
-  over this one's is what our server adds to the transport (bench/grpc_floor.py is the same for gRPC);
+  events, written together in one chunk). bench/run.py drives it with the very load of a scenario, so our
+  server's CPU per request over this one's is what our server adds to the transport (bench/grpc_floor.py is the
+  same for gRPC);
 
 - the serialization floor of a 1M-element FP32 identity over REST JSON (the default):
 
@@ -83,8 +84,9 @@ def serve_rest(answer_file: Path, port: int) -> None:
     if len(chunks) == 1:  # one body: its length; a stream of events: chunked, as it was sent
         headers.append((b"content-length", str(size).encode()))
     start = {"type": "http.response.start", "status": answer["status"], "headers": headers}
-    last = len(chunks) - 1
-    bodies = [{"type": "http.response.body", "body": chunk, "more_body": i < last} for i, chunk in enumerate(chunks)]
+    # A stream's events in one body message (one chunk, one send): all are known at once, as a model that yields
+    # them without waiting makes them, and a server writes what it has in one send (ours does).
+    body = {"type": "http.response.body", "body": b"".join(chunks), "more_body": False}
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -92,8 +94,7 @@ def serve_rest(answer_file: Path, port: int) -> None:
         while (await receive()).get("more_body", False):  # the whole body, as any server reads it
             pass
         await send(start)
-        for body in bodies:
-            await send(body)
+        await send(body)
 
     config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="uvloop", lifespan="off",
                             access_log=False, log_config=None, server_header=False)

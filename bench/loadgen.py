@@ -411,7 +411,7 @@ def rest_workload(name: str, address: str, elements: int, timeout: float) -> Wor
             check(raw, response)
             kept = {k: v for k, v in response.headers.items()
                     if k.lower() in ("content-type", "inference-header-content-length")}
-            # A stream of events is replayed event by event, as it was sent.
+            # A stream's events, recorded one by one (the floor writes them together, bench/floor.py).
             chunks = [event + b"\n\n" for event in _events(raw)] if request.events else [raw]
         return {"transport": "rest", "path": request.path, "status": response.status,
                 "headers": sorted(kept.items()), "chunks": [_b64(c) for c in chunks]}

@@ -53,13 +53,16 @@ class _Transport(asyncio.Transport):
         super().__init__()
         self.written = bytearray()
         self.closed = False
+        self.writes = 0  # calls that write: each a system call on a real transport
 
     def write(self, data: Any) -> None:
         self.written += data
+        self.writes += 1
 
     def writelines(self, data: Any) -> None:
         for piece in data:
             self.written += piece
+        self.writes += 1
 
     def close(self) -> None:
         self.closed = True
@@ -308,7 +311,10 @@ def test_a_stream_is_written_in_chunks_and_waits_for_a_client_that_does_not_read
         assert b"transfer-encoding: chunked\r\n" in transport.written and not made
         gate.set()
         await turns(5)
+        gate.clear()  # the model waits: what it made has been written
+        await turns(3)
         assert transport.written.endswith(b"2\r\n%d;\r\n" % made[-1]) and len(made) > 1
+        gate.set()
         proto.pause_writing()  # the transport's buffer is full: the stream waits, making nothing more
         await turns()
         held = len(made)
@@ -324,6 +330,42 @@ def test_a_stream_is_written_in_chunks_and_waits_for_a_client_that_does_not_read
 
     loop.run_until_complete(scenario())
     assert closed == [True] and not server.server_state.tasks
+
+
+def test_the_pieces_of_one_turn_of_the_loop_are_written_at_once(protocol: Any) -> None:
+    """A model that yields several pieces without waiting has them written in one send, with the head; one that
+    waits between them has each written as it waits."""
+    proto, app, transport, server, loop = protocol
+    release = asyncio.Event()
+
+    async def pieces() -> Any:
+        for i in range(5):  # no wait in between
+            yield b"%d;" % i
+        await release.wait()
+        for i in range(5, 8):  # a wait after each
+            yield b"%d;" % i
+            await asyncio.sleep(0)
+
+    async def answer(fields: dict[str, str], body: Any, headers: Any, parts: bool) -> Response:
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
+    app.answer = answer  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        proto.data_received(_post("/v2/models/m/infer", b"{}"))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert transport.writes == 1  # the head and the five pieces, together
+        assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert transport.written.endswith(b"".join(b"2\r\n%d;\r\n" % i for i in range(5)))
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(scenario())
+    assert transport.writes == 1 + 3 + 1  # then each piece on its own, and the end
+    assert transport.written.endswith(b"".join(b"2\r\n%d;\r\n" % i for i in range(8)) + b"0\r\n\r\n")
+    assert not server.server_state.tasks
 
 
 def test_a_client_gone_mid_stream_stops_it_at_once(protocol: Any) -> None:

@@ -27,20 +27,20 @@ What happens below the application, where FastAPI never sees the request:
   ASGI extension `BUFFER_BODIES`; the app sends large binary tensor data that way only where it is advertised
   (ASGI itself asks for bytes, and hosts that carry the messages elsewhere, such as Ray Serve's proxy, need them).
 
-- An inference request (a POST to an inference route of the app, or to generate's: `OipApp.direct`) with a small
-  body of a declared length is answered here, without ASGI: its body is collected as it arrives and handed, whole,
-  to the route's answer (the one the app's ASGI route calls too: the same decoding, data plane, errors, metrics and
-  access log); the answer is written as one piece, or, for a stream of events, its head and then each piece as one
-  chunk as it comes (a task; waiting while the transport's buffer is full; stopped, its source closed, as soon as
-  the connection is lost). ASGI's per-request scope, messages and task, the framework's request object and a write
-  per message cost a tenth to a fifth of a small inference's CPU (bench/ab.py: simple REST 0.91x, text REST binary
-  0.78x, a batched model 0.87x, generate 0.84x, generate_stream 0.82x); here the answer runs in the protocol's
-  callback, and a task is made only if it has to wait (a model in a worker thread, a dynamic batch). Anything else
-  goes through ASGI as before: a request pipelined behind one still being answered, or sent while the client is
-  not reading its answers (the transport's buffer full: ASGI's way waits for it to drain, and further requests
-  wait), one that expects `100-continue`, is chunked or compressed, has more than `_DIRECT_MAX_BODY` bytes or more
-  than the server's `--max-request-bytes` (ASGI's way answers 413), or names its client in forwarding headers
-  while the access log is on.
+- An inference request (a POST to an inference route of the app, or to generate's: `OipApp.direct`) with a small body
+  of a declared length is answered here, without ASGI: its body is collected as it arrives and handed, whole, to the
+  route's answer (the one the app's ASGI route calls too: the same decoding, data plane, errors, metrics and access
+  log); the answer is written as one piece, or, for a stream of events, its head and then each piece as one chunk as
+  it comes (a task; what comes in one turn of the event loop written in one send; waiting while the transport's buffer
+  is full; stopped, its source closed, as soon as the connection is lost). ASGI's per-request scope, messages and
+  task, the framework's request object and a write per message cost a tenth to a fifth of a small inference's CPU
+  (bench/ab.py: simple REST 0.91x, text REST binary 0.78x, a batched model 0.87x, generate 0.84x, generate_stream
+  0.82x); here the answer runs in the protocol's callback, and a task is made only if it has to wait (a model in a
+  worker thread, a dynamic batch). Anything else goes through ASGI as before: a request pipelined behind one still
+  being answered, or sent while the client is not reading its answers (the transport's buffer full: ASGI's way waits
+  for it to drain, and further requests wait), one that expects `100-continue`, is chunked or compressed, has more
+  than `_DIRECT_MAX_BODY` bytes or more than the server's `--max-request-bytes` (ASGI's way answers 413), or names its
+  client in forwarding headers while the access log is on.
 
 Without httptools (uvicorn's h11 fallback) uvicorn's own protocol is used, with none of these changes (h11 answers
 400 in plain text to a request line and headers beyond its `h11_max_incomplete_event_size`, which the server sets
@@ -406,10 +406,8 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
             head.append(b"\r\n")
             if streamed:
                 cycle.response_started = True
-                if not cycle.disconnected:
-                    self.transport.writelines(head)
                 pieces = response.body_iterator  # type: ignore[attr-defined]
-                task = self.loop.create_task(self._stream(cycle, status, pieces))
+                task = self.loop.create_task(self._stream(cycle, status, b"".join(head), pieces))
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)  # shutting down waits for it, as for uvicorn's own
                 cycle.message_event = _StopStream(cycle, task)
@@ -425,10 +423,21 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                 self.transport.writelines(head)
             self._complete(cycle, status, sent)
 
-        async def _stream(self, cycle: _Direct, status: int, pieces: AsyncIterator[bytes | str]) -> None:
-            """Write a streamed answer's pieces as they come, each one chunk, waiting while the client does not read;
-            stop when the client goes away (the pieces' source is closed: a model's generator ends with it)."""
+        async def _stream(self, cycle: _Direct, status: int, head: bytes, pieces: AsyncIterator[bytes | str]) -> None:
+            """Write a streamed answer's head and pieces as they come, each piece one chunk, waiting while the client
+            does not read; stop when the client goes away (the pieces' source is closed: a model's generator ends
+            with it). What comes within one turn of the event loop is written at its end, in one send: a model that
+            yields several responses at once costs one system call, not one each (a tenth of a small event's CPU);
+            one that waits between its responses has each written as soon as it waits."""
             sent = 0
+            chunks = [head]
+
+            def flush() -> None:
+                if chunks and not cycle.disconnected:
+                    self.transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                chunks.clear()
+
+            self.loop.call_soon(flush)  # once this task has run as far as it can
             try:
                 async for piece in pieces:
                     if self.flow.write_paused and not cycle.disconnected:
@@ -437,11 +446,12 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                         break
                     data = piece.encode() if isinstance(piece, str) else piece
                     if data:
-                        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        if not chunks:
+                            self.loop.call_soon(flush)
+                        chunks.append(b"%x\r\n%s\r\n" % (len(data), data))
                         sent += len(data)
                 else:
-                    if not cycle.disconnected:
-                        self.transport.write(b"0\r\n\r\n")
+                    chunks.append(b"0\r\n\r\n")
             except asyncio.CancelledError:  # the client went away, or the server stops without waiting any longer
                 cycle.keep_alive = False
                 raise
@@ -450,6 +460,7 @@ def http_protocol(header_timeout: float, body_timeout: float, max_header_bytes: 
                 cycle.keep_alive = False
                 raise
             finally:
+                flush()  # what came before the end, or before a failure
                 aclose = getattr(pieces, "aclose", None)
                 try:
                     if aclose is not None:
