@@ -154,7 +154,7 @@ def _refuse_repeated_keys(data: bytes | memoryview, what: str) -> None:
     repeated keys without saying so; the standard library's parser shows every key, and reads any text orjson
     does (it is the more lenient of the two), so it only looks for repeats here."""
     try:
-        _PAIRS.decode(bytes(data).decode("utf-8", "surrogatepass"))  # bytes as json.loads reads them
+        _PAIRS.decode(str(data, "utf-8", "surrogatepass"))  # the text as json.loads reads it, without a copy first
     except _RepeatedKey as exc:
         raise InvalidRequest(f"key '{exc.key}' appears more than once in {what}") from None
     except RecursionError:  # deeper than this thread's stack allows, within orjson's 1024 levels
