@@ -202,6 +202,7 @@ async def test_decoupled_time_in_the_transport_is_in_no_phase() -> None:
         answers.append(answer)
         await asyncio.sleep(SLEEP)  # the transport is slow to take each response
     assert [a.outputs[0].data.tolist() for a in answers if a.outputs[0].data is not None] == [[0], [1], [2]]
+    assert [a.parameters for a in answers] == [{"triton_final_response": False}] * 3  # the model gave none
 
     [record] = seen.requests
     assert record.ok and record.request_id == "stream"

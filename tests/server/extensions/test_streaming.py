@@ -160,12 +160,14 @@ def test_stream_decoupled(triton_grpc: grpcclient.InferenceServerClient, model: 
         ("none", True, 0)]
 
 
-def test_stream_decoupled_error_midway(triton_grpc: grpcclient.InferenceServerClient) -> None:
-    """The responses before the failure arrive, then the error; the stream still answers."""
+@pytest.mark.parametrize("model", ["repeat", "repeat_async"])
+def test_stream_decoupled_error_midway(triton_grpc: grpcclient.InferenceServerClient, model: str) -> None:
+    """The responses before the failure arrive, then the error, the model's own message (a plain generator's
+    or an async generator's); the stream still answers."""
     with stream(triton_grpc) as got:
-        triton_grpc.async_stream_infer("repeat", repeat_input([1, 2, -3, 4]), request_id="fails")
+        triton_grpc.async_stream_infer(model, repeat_input([1, 2, -3, 4]), request_id="fails")
         answers = got.take(3)
-        triton_grpc.async_stream_infer("repeat", repeat_input([10]), request_id="after")
+        triton_grpc.async_stream_infer(model, repeat_input([10]), request_id="after")
         after = got.take(1)
     assert [r.as_numpy("OUT").tolist() for r, _ in answers[:2]] == [[1], [2]]
     assert answers[2][0] is None and "negative value -3" in str(answers[2][1])

@@ -251,7 +251,12 @@ class Pipeline:
         """The response from what `infer` returned: outputs checked, converted to their declared datatypes and
         ordered, classification applied, outputs placed in shared memory written to their `regions`; ModelFailure
         when the model's answer does not fit its declarations."""
-        outputs, response_parameters = split_result(model, result)
+        outputs: Mapping[str, Any]
+        response_parameters: dict[str, Any]
+        if type(result) is dict:  # the common answer: outputs alone, no response parameters
+            outputs, response_parameters = result, {}
+        else:
+            outputs, response_parameters = split_result(model, result)
         tensors: list[Tensor] = []
         for spec in prepared.outputs:
             tensor = check_output(model, spec, outputs, prepared.batch_size)
@@ -261,7 +266,8 @@ class Pipeline:
             tensors.append(tensor)
         # positional: a class called with keywords builds a dict of them first (0.7 us of a stream's response)
         response = InferResponse(model.name, model.version, request.id, response_parameters, tensors)
-        self._write_shared_memory(response, prepared.placements, regions)
+        if prepared.placements:  # outputs to shared memory (most responses have none)
+            self._write_shared_memory(response, prepared.placements, regions)
         return response
 
     def finish_result(self, model: Model, request_id: str, inputs: dict[str, npt.NDArray[Any]],
@@ -300,71 +306,55 @@ class Pipeline:
             prepared = self.prepare(model, request)
             timer.enter(COMPUTE_INFER)
             with self.shared_memory.using(prepared.placements) as regions:
-                async for result in self._results(model, prepared):
-                    timer.enter(COMPUTE_OUTPUT)
-                    response = self.finish(model, request, prepared, result, regions)
-                    response.parameters[FINAL] = False
-                    if timer.first_response is None:
-                        timer.first_response = timer.enter(None)  # the transport's time is not the model's
-                    else:
-                        timer.enter(None)
-                    yield response
-                    timer.enter(COMPUTE_INFER)
+                results = await self._results(model, prepared)
+                clock = time.perf_counter_ns
+                turn_ends = clock() + _LOOP_TURN_NS
+                try:
+                    while True:
+                        try:
+                            result = await anext(results)
+                        except StopAsyncIteration:
+                            break
+                        except Exception as exc:
+                            raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
+                        timer.enter(COMPUTE_OUTPUT)
+                        response = self.finish(model, request, prepared, result, regions)
+                        response.parameters[FINAL] = False
+                        if timer.first_response is None:
+                            timer.first_response = timer.enter(None)  # the transport's time is not the model's
+                        else:
+                            timer.enter(None)
+                        yield response
+                        timer.enter(COMPUTE_INFER)
+                        # A generator that never awaits (most do not) would hold the loop until its end, and a gone
+                        # client would go unnoticed until then: the loop gets a turn once this one has held it
+                        # long enough (every response would cost a small response's stream a tenth of its time).
+                        if clock() >= turn_ends:
+                            await asyncio.sleep(0)
+                            turn_ends = clock() + _LOOP_TURN_NS
+                finally:
+                    aclose = getattr(results, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
                 timer.enter(None)
             run.batch_size = prepared.batch_size
         if empty_final:
             yield final_response(request, model.version)
 
     async def _results(self, model: Model, prepared: PreparedRequest) -> AsyncIterator[Any]:
-        """What a decoupled model answers one request with: each item its async or plain generator yields (an
-        async generator gives the event loop a turn at least every `_LOOP_TURN_NS`, a plain one runs in a worker
-        thread), or the one result of an `infer` that is no generator."""
+        """What a decoupled model answers one request with, to be read as it comes: the async generator (or
+        iterator) its `infer` gives, read directly (`infer_decoupled` turns its errors into the model's and gives
+        the event loop its turns); a plain generator's items, each taken in a worker thread (`_in_thread`); or
+        the one result of an `infer` that is no generator."""
         hook = model.infer
         if inspect.isasyncgenfunction(hook):
-            results: Any = hook(prepared.inputs, prepared.parameters)
-        else:
-            results, _, _ = await self.run(model, prepared.inputs, prepared.parameters)
+            return hook(prepared.inputs, prepared.parameters)
+        results, _, _ = await self.run(model, prepared.inputs, prepared.parameters)
         if isinstance(results, AsyncIterator):
-            clock = time.perf_counter_ns
-            turn_ends = clock() + _LOOP_TURN_NS
-            try:
-                while True:
-                    try:
-                        item = await anext(results)
-                    except StopAsyncIteration:
-                        break
-                    except Exception as exc:
-                        raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
-                    yield item
-                    # A generator that never awaits (most do not) would hold the loop until its end, and a gone
-                    # client would go unnoticed until then: the loop gets a turn once this one has held it long
-                    # enough (every item would cost a small item's stream a tenth of its time).
-                    if clock() >= turn_ends:
-                        await asyncio.sleep(0)
-                        turn_ends = clock() + _LOOP_TURN_NS
-            finally:
-                aclose = getattr(results, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-        elif isinstance(results, Iterator) and not isinstance(results, Mapping):
-            done = object()
-            try:
-                while True:
-                    try:
-                        item = await asyncio.to_thread(next, results, done)
-                    except Exception as exc:
-                        raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
-                    if item is done:
-                        break
-                    yield item
-            finally:
-                close = getattr(results, "close", None)
-                if close is not None:
-                    # ValueError: still running in its thread (the stream was cancelled): the GC closes it.
-                    with contextlib.suppress(ValueError):
-                        await asyncio.to_thread(close)
-        else:
-            yield results
+            return results
+        if isinstance(results, Iterator) and not isinstance(results, Mapping):
+            return _in_thread(model, results)
+        return _once(results)
 
     # --- shared memory of inference tensors ----------------------------------------------------------------
 
@@ -403,8 +393,6 @@ class Pipeline:
         """Write the outputs that have a shared memory placement into their regions. As in Triton, such an output
         then has a name, datatype and shape and nothing else: no data, no parameters (Triton's C++ HTTP client
         takes any output parameters for binary data)."""
-        if not placements:
-            return
         for tensor in response.outputs:
             placement = placements.get(tensor.name)
             if placement is None or tensor.data is None:
@@ -416,3 +404,28 @@ class Pipeline:
     def _require(self, extension: str) -> None:
         if extension not in self.enabled:
             raise Unimplemented(f"the {extension} extension is not enabled on this server")
+
+
+async def _in_thread(model: Model, results: Iterator[Any]) -> AsyncIterator[Any]:
+    """The items of a decoupled model's plain generator, each taken in a worker thread (its work may block)."""
+    done = object()
+    try:
+        while True:
+            try:
+                item = await asyncio.to_thread(next, results, done)
+            except Exception as exc:
+                raise model_error(model, exc)  # noqa: B904 (its cause is set: the model's exception)
+            if item is done:
+                break
+            yield item
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            # ValueError: still running in its thread (the stream was cancelled): the GC closes it.
+            with contextlib.suppress(ValueError):
+                await asyncio.to_thread(close)
+
+
+async def _once(result: Any) -> AsyncIterator[Any]:
+    """The one result of a decoupled model's `infer` that is no generator."""
+    yield result
