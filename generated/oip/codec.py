@@ -541,8 +541,13 @@ def to_raw(array: npt.ArrayLike, datatype: str | None = None, *, name: str = "")
     (UTF-8), np.bytes_ or np.str_. With `datatype`, the array is first converted to it where no value changes
     meaning (see `as_datatype`); anything else is a CodecError.
     """
-    if datatype == "BYTES" and type(array) is np.ndarray and array.dtype.kind == "O":  # a model's usual text answer
-        return _bytes_to_raw(array, name)
+    if type(array) is np.ndarray and type(datatype) is str:  # an answer's usual array: of its datatype already
+        known = datatypes.BY_NAME.get(datatype)
+        if known is not None and array.dtype == known.dtype:
+            if array.dtype.kind == "O":  # a model's usual text answer
+                return _bytes_to_raw(array, name)
+            if array.nbytes < COPY_BELOW:
+                return array.tobytes()  # small: a copy costs less than making the view
     arr, info = _prepare(array, datatype, name)
     if info.variable:
         return _bytes_to_raw(arr, name)

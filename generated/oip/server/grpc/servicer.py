@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 
 from ... import codec
 from ...grpc import wire
+from ...grpc.wire import ONE_BYTE_VARINTS
 from ..core.dataplane_base import DataPlaneBase
 from ..core.streaming import StreamError
 from ..errors import ErrorKind, InvalidRequest, ModelFailure, OipError, failure
@@ -173,13 +174,17 @@ class ServicerBase:
     def _wrapped(self, rpc: Rpc, reply: InferResponse | Exception) -> Message | bytes:
         """A stream's response message, serialized for a response (the inference response's bytes framed as the
         wrapper's field: no copy of the message into the wrapper), or with the error of a failed request."""
-        infer_field, error_field = cast(str, rpc.stream_response_field), cast(str, rpc.stream_error_field)
+        infer_field = rpc.stream_response_field
+        assert infer_field is not None  # a stream of inference responses, wrapped (`stream_call`)
         if not isinstance(reply, Exception):
             try:
                 inner = self.infer.serialize_response(reply)
-                return b"".join((_field_tag(rpc.response, infer_field), wire.varint(len(inner)), inner))  # one copy
+                size = len(inner)
+                return b"".join((_field_tag(rpc.response, infer_field),
+                                 ONE_BYTE_VARINTS[size] if size < 0x80 else wire.varint(size), inner))  # one copy
             except Exception as exc:
                 reply = exc
+        error_field = cast(str, rpc.stream_error_field)
         wrapped = rpc.response()
         if isinstance(reply, Exception):  # the request failed; the stream goes on
             setattr(wrapped, error_field, failure(reply, "answering a gRPC stream").message)
