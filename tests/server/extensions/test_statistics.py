@@ -159,3 +159,17 @@ def test_statistics_errors(http: httpx.Client, stub: pb_grpc.GRPCInferenceServic
     code, _ = grpc_call(stub, "ModelStatistics", pb.ModelStatisticsRequest(version="1"))  # a version needs a name
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     check_simple(http, stub)
+
+
+def test_a_phase_timed_across_threads_never_counts_below_zero() -> None:
+    """Two threads' readings of the clock may cross: a phase that comes out negative counts as no time."""
+    from oip.server.observe.statistics import ModelStats
+
+    stats = ModelStats("m", "1")
+    stats.record_alone(-5, 10, 20, -3, 30)  # queue, compute input, infer and output, the total
+    stats.record_request(True, 2, 7, -1, -2, 4, -9)  # success, batch size, then the same five
+    assert (stats.queue.ns, stats.compute_input.ns, stats.compute_infer.ns, stats.compute_output.ns,
+            stats.success.ns) == (7, 10, 20, 4, 30)
+    assert (stats.success.count, stats.queue.count, stats.inference_count, stats.execution_count) == (2, 2, 3, 1)
+    run = stats.batches[1]
+    assert (run.compute_input.ns, run.compute_infer.ns, run.compute_output.ns) == (10, 20, 0)

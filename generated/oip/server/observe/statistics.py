@@ -136,16 +136,17 @@ class ModelStats:
                      compute_output_ns: int, total_ns: int, now_ms: int) -> None:
         succeeded, queue, compute_input = self.success, self.queue, self.compute_input
         compute_infer, compute_output = self.compute_infer, self.compute_output
+        # A duration is never negative (two threads' readings of the clock may cross): a comparison, not max().
         succeeded.count += 1
-        succeeded.ns += max(0, total_ns)
+        succeeded.ns += total_ns if total_ns > 0 else 0
         queue.count += 1
-        queue.ns += max(0, queue_ns)
+        queue.ns += queue_ns if queue_ns > 0 else 0
         compute_input.count += 1
-        compute_input.ns += max(0, compute_input_ns)
+        compute_input.ns += compute_input_ns if compute_input_ns > 0 else 0
         compute_infer.count += 1
-        compute_infer.ns += max(0, compute_infer_ns)
+        compute_infer.ns += compute_infer_ns if compute_infer_ns > 0 else 0
         compute_output.count += 1
-        compute_output.ns += max(0, compute_output_ns)
+        compute_output.ns += compute_output_ns if compute_output_ns > 0 else 0
         self.inference_count += batch_size
         if now_ms > self.last_inference:
             self.last_inference = now_ms
@@ -167,11 +168,11 @@ class ModelStats:
         compute_input, compute_infer = batch.compute_input, batch.compute_infer
         compute_output = batch.compute_output
         compute_input.count += 1
-        compute_input.ns += max(0, compute_input_ns)
+        compute_input.ns += compute_input_ns if compute_input_ns > 0 else 0
         compute_infer.count += 1
-        compute_infer.ns += max(0, compute_infer_ns)
+        compute_infer.ns += compute_infer_ns if compute_infer_ns > 0 else 0
         compute_output.count += 1
-        compute_output.ns += max(0, compute_output_ns)
+        compute_output.ns += compute_output_ns if compute_output_ns > 0 else 0
 
     def to_proto(self) -> pb.ModelStatistics:
         """The `inference.ModelStatistics` message, every duration present (zero counts included)."""
@@ -297,10 +298,9 @@ class Statistics(Observer):
     def ran_alone(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
                   started: int, ended: int, done: int) -> None:
         # The moments as they are: no record made (the lean gRPC way's success).
-        self.for_model(model, version).record_alone(
-            queue_ns=started - queued, compute_input_ns=queued - start, compute_infer_ns=ended - started,
-            compute_output_ns=done - ended, total_ns=done - start,
-        )
+        # positional: keywords cost the call a dict
+        self.for_model(model, version).record_alone(started - queued, queued - start, ended - started, done - ended,
+                                                    done - start)
 
     def ran_in_batch(self, timer: Timer | None, model: str, version: str, request_id: str, start: int, queued: int,
                      formed: int, started: int, ended: int, done: int, batch_size: int) -> None:
