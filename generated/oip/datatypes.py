@@ -14,7 +14,7 @@ configurations.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -39,11 +39,12 @@ class DatatypeInfo:
     """Whether the type may travel as JSON `data` over REST."""
     model_config: str
     """The `inference.DataType` enum value name used in model configurations ("TYPE_FP32")."""
+    variable: bool = field(init=False, repr=False, compare=False)
+    """True for variable-size elements (BYTES), framed in raw form as a 4-byte LE length and the bytes: `size` is
+    0 (kept as a field, not worked out on each read: the codecs ask on every tensor)."""
 
-    @property
-    def variable(self) -> bool:
-        """True for variable-size elements (BYTES), framed in raw form as a 4-byte LE length and the bytes."""
-        return self.size == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "variable", self.size == 0)
 
 
 BOOL: Final = DatatypeInfo(
