@@ -18,7 +18,6 @@ from google.protobuf.message import DecodeError, Message
 
 from ... import codec, convert, extensions
 from ...grpc import wire
-from ...grpc.wire import ONE_BYTE_VARINTS
 from ..core.streaming import StreamError, final_response
 from ..core.validation import tensor_elements
 from ..errors import InvalidRequest, ModelFailure, failure
@@ -118,23 +117,20 @@ class InferCodec(Generic[_R]):
             parts.append(self.response(id=response.id).SerializeToString())
         if response.parameters:
             parts.append(self._parameters_piece(response.parameters))
-        raws: list[bytes | memoryview] = []  # the raw_output_contents entries, after the rest of the message
-        raw_tag = self.raw_tag
+        raws: list[bytes | memoryview] = []
         for tensor in response.outputs:
             if tensor.parameters:
                 parts.append(self._output_header(tensor.name, tensor.datatype, tensor.shape, tensor.parameters))
             else:
                 parts.append(self.header(tensor.name, tensor.datatype, tuple(tensor.shape)))
             if tensor.data is None:
-                raws += (raw_tag, ONE_BYTE_VARINTS[0])
+                raws.append(b"")
                 continue
             try:
-                data = codec.to_raw(tensor.data, tensor.datatype, name=tensor.name)
+                raws.append(codec.to_raw(tensor.data, tensor.datatype, name=tensor.name))
             except codec.CodecError as exc:
                 raise ModelFailure(str(exc)) from None
-            size = data.nbytes if type(data) is memoryview else len(data)
-            raws += (raw_tag, ONE_BYTE_VARINTS[size] if size < 0x80 else wire.varint(size), data)
-        return b"".join(parts + raws)
+        return b"".join(parts + wire.field_entries(self.raw_output_field, raws))
 
     def head(self, model_name: str, model_version: str) -> bytes:
         """The answer's first fields, serialized: the model's name and version."""
