@@ -13,6 +13,7 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
+    Callable,
     Iterable,
     Iterator,
     Mapping,
@@ -87,7 +88,9 @@ class InferMessages(Generic[_Q, _P]):
         self, request: type[_Q], response: type[_P], *, param_type: str, raw_input: tuple[str, int],
         raw_output: tuple[str, int],
     ) -> None:
-        self.request = request
+        # Called with the message's fields as keywords: a factory of `_Q` to the type checker (protobuf's own
+        # stubs give `Message.__init__` no keyword fields; each generated class has its own).
+        self.request: Callable[..., _Q] = request
         self.response = response
         self.param_type = param_type
         self.raw_input, self.raw_input_field = raw_input

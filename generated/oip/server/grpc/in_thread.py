@@ -228,7 +228,7 @@ class UnaryInfer:
             infer, model = self.infer, plan.model
             parts: list[bytes | memoryview] = [infer.head(model.name, model.version)]
             if request_id:
-                parts.append(infer.response(id=request_id).SerializeToString())
+                parts.append(infer.new_response(id=request_id).SerializeToString())
             raws: list[bytes | memoryview] = []
             raw_tag = infer.raw_tag
             for spec, value in zip(wanted, outputs, strict=True):

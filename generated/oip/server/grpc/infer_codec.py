@@ -53,6 +53,9 @@ class InferCodec(Generic[_R]):
     ) -> None:
         self.request = request
         self.response = response
+        # The response class called with its fields as keywords (protobuf's own stubs give `Message.__init__`
+        # no keyword fields; each generated class has its own).
+        self.new_response: Callable[..., _R] = response
         self.param_type = param_type
         self.raw_input_field = raw_input_field
         self.raw_output_field = raw_output_field
@@ -118,7 +121,7 @@ class InferCodec(Generic[_R]):
         from its array's memory: never copied into a protobuf message)."""
         parts: list[bytes | memoryview] = [self.head(response.model_name, response.model_version)]
         if response.id:
-            parts.append(self.response(id=response.id).SerializeToString())
+            parts.append(self.new_response(id=response.id).SerializeToString())
         if response.parameters:
             parts.append(self._parameters_piece(response.parameters))
         raws: list[bytes | memoryview] = []
@@ -142,7 +145,7 @@ class InferCodec(Generic[_R]):
         if head is None:
             if len(self._heads) >= _MAX_PIECES:  # names that keep changing: start over
                 self._heads.clear()
-            head = self.response(model_name=model_name, model_version=model_version).SerializeToString()
+            head = self.new_response(model_name=model_name, model_version=model_version).SerializeToString()
             self._heads[model_name, model_version] = head
         return head
 

@@ -8,7 +8,7 @@ off, with each ready model's own inference schemas (`model_openapi`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ..core.dataplane_base import DataPlaneBase
@@ -21,8 +21,11 @@ from .model_openapi import model_document
 __all__ = ["DOCUMENT", "openapi_document", "published_document"]
 
 # The requests the OpenAPI document asks the data plane (the ready models, their metadata), when the spec has them.
-_REPOSITORY_INDEX_REQUEST: Final = next((e.request for e in ENDPOINTS if e.operation == "repository_index"), None)
-_MODEL_METADATA_REQUEST: Final = next((e.request for e in ENDPOINTS if e.operation == "model_metadata"), None)
+# Called with their fields as keywords (protobuf's own stubs give `Message.__init__` none).
+_REPOSITORY_INDEX_REQUEST: Final[Callable[..., Any] | None] = next(
+    (e.request for e in ENDPOINTS if e.operation == "repository_index"), None)
+_MODEL_METADATA_REQUEST: Final[Callable[..., Any] | None] = next(
+    (e.request for e in ENDPOINTS if e.operation == "model_metadata"), None)
 
 
 def published_document(extensions: Sequence[str] | None) -> dict[str, Any]:
