@@ -39,7 +39,11 @@ Allowances that stay, each scoped to the operations concerned (see CONFIG):
   length of `data` to the shape the request states (nor a generate input's length to a multiple of the fixed
   dimensions), so a schema-valid request may be refused 400 (count differs) or 413 (more elements than the server
   takes per tensor); models of fixed shape (`simple`) are held to the full check;
-- a load with parameters is a documented 501 (this server loads models as their folder defines them).
+- a load with parameters is a documented 501 (this server loads models as their folder defines them);
+- schemathesis's own limit (`TOOL_LIMIT`): in the stateful phase it may fail to make a linked request whose schema
+  its canonical form (jsonschema-rs) cannot express, and it reports that as an error of the run, not as a failure
+  of the server. How far the time budget takes the phase decides whether it meets one. A run whose only errors are
+  that one, with no check failed and every generated case passed, counts as a pass.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from serving import Server, running
 MODELS = ("simple", "identity_fp32", "identity_bytes")
 SEED = 20261123
 BUDGET_S = 60
+TOOL_LIMIT = "Failed to generate test cases for this API operation: result is not supported in canonical form"
 
 CONFIG = """
 # schemathesis's list of refusals, with 408 and 413: every operation with a body lists both (a body that stalls
@@ -153,8 +158,18 @@ def _st(server: Server, config: Path, *args: str, budget: int) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=budget + 180, check=False,
                           cwd=config.parent)
     output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-8000:]
+    assert done.returncode == 0 or _tool_limits_only(output), output[-8000:]
     return output
+
+
+def _tool_limits_only(output: str) -> bool:
+    """Whether a run's only errors are schemathesis's own `TOOL_LIMIT`, with no check failed."""
+    if "SUMMARY" not in output:
+        return False
+    summary = output[output.rindex("SUMMARY"):]
+    errors = re.findall(r"^\s*🚫 ([^:\n]+): (\d+)$", summary, re.MULTILINE)
+    return ("Failures:" not in summary and bool(errors) and all(kind == "Schema Error" for kind, _ in errors)
+            and output.count(TOOL_LIMIT) == sum(int(count) for _, count in errors))
 
 
 def test_schemathesis_finds_nothing(server: Server, tmp_path: Path) -> None:
@@ -172,7 +187,7 @@ def test_schemathesis_finds_nothing(server: Server, tmp_path: Path) -> None:
     # every operation of the document was run, load and unload among them, in every phase
     assert f"Tested: {len(_operations(document))}\n" in summary, summary
     for phase in ("Coverage", "Fuzzing", "Stateful"):
-        assert f"✅ {phase}" in summary, summary
+        assert f"✅ {phase}" in summary or (phase == "Stateful" and _tool_limits_only(output)), summary
     # no operation whose generated valid requests are mostly refused
     assert "Schema validation mismatch" not in output, output[-8000:]
     assert re.search(r"(\d+) generated, \1 passed", summary), summary
@@ -185,3 +200,16 @@ def test_schemathesis_finds_nothing(server: Server, tmp_path: Path) -> None:
         assert {o["name"]: o["data"] for o in answer.json()["outputs"]} == {
             "OUTPUT0": [2 * i for i in range(16)], "OUTPUT1": [0] * 16}
     assert "Traceback" not in server.log_text()
+
+
+def test_only_the_tools_own_limit_is_allowed() -> None:
+    """A run that met schemathesis's own limit (as one did) passes; one with a failed check or any other error
+    does not."""
+    summary = ("SUMMARY\n\nTest Phases:\n  ✅ Coverage\n  ✅ Fuzzing\n  🚫 Stateful\n\nErrors:\n"
+               "  🚫 Schema Error: 1\n\nTest cases:\n  5409 generated, 5409 passed\n")
+    errors = f"ERRORS\nStateful tests\nSchema Error\n\n{TOOL_LIMIT}\n\n"
+    assert _tool_limits_only(errors + summary)
+    assert not _tool_limits_only(summary)  # the error is another one
+    assert not _tool_limits_only(errors + summary.replace("Schema Error: 1", "Schema Error: 2"))
+    assert not _tool_limits_only(errors + summary.replace("Schema Error: 1", "Network Error: 1"))
+    assert not _tool_limits_only(errors + summary.replace("Errors:", "Failures:\n  ❌ Server error: 1\n\nErrors:"))
