@@ -5,6 +5,7 @@ thread runs, or the EventEngine's (posix_endpoint.cc, posix_interface_posix.cc),
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,15 @@ TRACE = {"GRPC_VERBOSITY": "debug", "GRPC_TRACE": "tcp"}
 IOMGR = ("tcp_posix.cc", "tcp_server_posix.cc")
 EVENT_ENGINE = ("posix_endpoint.cc", "posix_interface_posix.cc")
 TUNED = "grpc: the polling thread does the socket work"
+UNMEASURED = "was not measured with the polling thread doing the socket work"
+
+
+def _installed() -> tuple[str | None, bool]:
+    """The installed grpcio's version, and whether the socket work was measured on it."""
+    from oip.server.process.grpc_io import grpcio_version, measured
+
+    version = grpcio_version()
+    return version, measured(version)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +47,31 @@ def _serve_and_log(repository: Path, workdir: Path, env: dict[str, str]) -> str:
 
 
 def test_the_polling_thread_does_the_socket_work(repository: Path, tmp_path: Path) -> None:
+    version, known = _installed()
+    if not known:  # the server keeps grpcio's defaults there, and says so (the test after this one)
+        pytest.skip(f"grpcio {version} is not among the versions the socket work was measured on (grpc_io.MEASURED)")
     log = _serve_and_log(repository, tmp_path, TRACE)
     assert all(name in log for name in IOMGR), log[-3000:]
     assert not any(name in log for name in EVENT_ENGINE), log[-3000:]
     assert TUNED in log
+    assert UNMEASURED not in log
+
+
+def test_an_unmeasured_grpcio_keeps_its_defaults(repository: Path, tmp_path: Path) -> None:
+    """On a grpcio version not measured (here the installed one, reported as 1.75.1 to the server's process), the
+    server sets nothing, answers as ever, and its log says why the polling thread does not do the socket work."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+        import importlib.metadata as metadata
+
+        _version = metadata.version
+        metadata.version = lambda name: "1.75.1" if name == "grpcio" else _version(name)
+    """))
+    path = os.pathsep.join([str(site), server_env()["PYTHONPATH"]])
+    log = _serve_and_log(repository, tmp_path / "server", {"PYTHONPATH": path})
+    assert f"grpcio 1.75.1 {UNMEASURED}" in log and "grpcio's own defaults are kept" in log
+    assert TUNED not in log
 
 
 def test_an_operators_grpc_experiments_win(repository: Path, tmp_path: Path) -> None:
@@ -49,6 +80,7 @@ def test_an_operators_grpc_experiments_win(repository: Path, tmp_path: Path) -> 
     assert all(name in log for name in EVENT_ENGINE), log[-3000:]
     assert not any(name in log for name in IOMGR), log[-3000:]
     assert TUNED not in log
+    assert UNMEASURED not in log  # the operator's own choice: nothing to explain
 
 
 def _tune(prelude: str, env: dict[str, str] | None = None) -> tuple[str, str]:
@@ -68,10 +100,21 @@ def _tune(prelude: str, env: dict[str, str] | None = None) -> tuple[str, str]:
 def test_tune_sets_the_experiments_only_where_it_can_take_effect() -> None:
     from oip.server.process.grpc_io import GRPC_EXPERIMENTS
 
-    assert _tune("") == ("True", GRPC_EXPERIMENTS)
+    _, known = _installed()
+    assert _tune("") == (("True", GRPC_EXPERIMENTS) if known else ("False", "<unset>"))
     assert _tune("import grpc") == ("False", "<unset>")  # grpcio has read its settings already
     assert _tune("", {"GRPC_EXPERIMENTS": "-some_experiment"}) == ("False", "-some_experiment")
     for version in ("1.75.1", "1.86.0", "2.0.0", "unknown"):  # versions it was not measured on
         prelude = f"import importlib.metadata as m; m.version = lambda name: {version!r}"
         assert _tune(prelude) == ("False", "<unset>"), version
     assert _tune("import importlib.metadata as m; m.version = lambda name: '1.76.0'") == ("True", GRPC_EXPERIMENTS)
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("1.76.0", True), ("1.85.4", True), ("1.86.0rc1", False), ("1.86.0", False), ("1.75.1", False),
+    ("2.0.0", False), ("1", False), ("unknown", False), ("", False), (None, False),
+])
+def test_the_measured_versions(version: str | None, expected: bool) -> None:
+    from oip.server.process.grpc_io import measured
+
+    assert measured(version) is expected

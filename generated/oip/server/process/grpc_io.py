@@ -16,7 +16,7 @@ grpc, and only:
 - when the environment has no GRPC_EXPERIMENTS of its own (an operator's wins; set it, even empty, to keep
   grpcio's defaults);
 - on the grpcio versions it was measured on (`MEASURED`): experiments are grpcio's to rename or drop, and a newer
-  grpcio keeps its own defaults until it is measured.
+  grpcio keeps its own defaults until it is measured (the server says so in its log as it starts).
 """
 
 from __future__ import annotations
@@ -26,22 +26,33 @@ import os
 import sys
 from typing import Final
 
-__all__ = ["GRPC_EXPERIMENTS", "MEASURED", "tune_grpc_io"]
+__all__ = ["GRPC_EXPERIMENTS", "MEASURED", "grpcio_version", "measured", "tune_grpc_io"]
 
 GRPC_EXPERIMENTS: Final = "-event_engine_listener,-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
 MEASURED: Final = ((1, 76), (1, 86))  # grpcio versions from the first up to the second (excluded)
 
 
+def grpcio_version() -> str | None:
+    """The installed grpcio's version; None when it has none to read."""
+    try:
+        return importlib.metadata.version("grpcio")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def measured(version: str | None) -> bool:
+    """Whether the socket work was measured on grpcio `version` (`MEASURED`, by major and minor version)."""
+    try:
+        major_minor = tuple(int(part) for part in (version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return MEASURED[0] <= major_minor < MEASURED[1]
+
+
 def tune_grpc_io() -> bool:
     """Have the gRPC server's polling thread do the socket work (see the module's description); whether it was
     done (not when GRPC_EXPERIMENTS is set, grpc is imported already, or grpcio is a version not measured)."""
-    if "GRPC_EXPERIMENTS" in os.environ or "grpc" in sys.modules:
-        return False
-    try:
-        version = tuple(int(part) for part in importlib.metadata.version("grpcio").split(".")[:2])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return False
-    if not MEASURED[0] <= version < MEASURED[1]:
+    if "GRPC_EXPERIMENTS" in os.environ or "grpc" in sys.modules or not measured(grpcio_version()):
         return False
     os.environ["GRPC_EXPERIMENTS"] = GRPC_EXPERIMENTS
     return True

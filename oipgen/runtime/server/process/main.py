@@ -35,7 +35,7 @@ from ..observe.logs import configure_logging
 from ..settings import GRPC_THREAD_SCHEDULING, Settings
 from .allocator import MMAP_THRESHOLD, tune_allocator
 from .cluster import WorkerRole
-from .grpc_io import GRPC_EXPERIMENTS
+from .grpc_io import GRPC_EXPERIMENTS, MEASURED, grpcio_version, measured
 from .serve import NO_MODELS, serve
 from .supervisor import cpu_count, supervise
 
@@ -351,8 +351,13 @@ def dataplane_class(text: str | None) -> type[DataPlane]:
 def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
     if tune_allocator():
         log.debug("allocator: buffers up to %d bytes stay on the heap", MMAP_THRESHOLD)
-    if os.environ.get("GRPC_EXPERIMENTS") == GRPC_EXPERIMENTS:  # `grpc_io.tune_grpc_io`, before grpc was imported
+    experiments = os.environ.get("GRPC_EXPERIMENTS")
+    if experiments == GRPC_EXPERIMENTS:  # `grpc_io.tune_grpc_io`, before grpc was imported
         log.debug("grpc: the polling thread does the socket work (GRPC_EXPERIMENTS=%s)", GRPC_EXPERIMENTS)
+    elif experiments is None and not measured(version := grpcio_version()):  # an operator's setting goes unsaid
+        log.info("grpc: grpcio %s was not measured with the polling thread doing the socket work (from %d.%d up to "
+                 "%d.%d, excluded): grpcio's own defaults are kept", version or "(version unknown)", *MEASURED[0],
+                 *MEASURED[1])
     try:
         dataplane = dataplane_class(args.dataplane)
         with _runner() as runner:
