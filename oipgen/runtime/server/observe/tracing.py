@@ -16,9 +16,9 @@ What a caller sends is bounded before it is queued: string attributes that come 
 `model_version`, `request_id`) are cut to the SDK's attribute length limit (`OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`,
 else `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`), and a request id to `REQUEST_ID_LIMIT` characters where neither is set;
 the queue holds at most `OTEL_BSP_MAX_QUEUE_SIZE` spans and `MAX_QUEUE_BYTES` bytes, what it cannot hold dropped
-and counted. A caller's trace context that is invalid in part or whole is ignored, as W3C Trace Context asks; the
-OpenTelemetry API's warning about it (one per request, quoting the caller's text) is dropped and counted, and the
-count logged at most once a minute (`_CallerWarnings`).
+and counted. A caller's trace context invalid in part or whole is ignored, as W3C Trace Context asks; the API's
+warnings about it (quoting the caller's text) are dropped and such callers counted (`_CallerWarnings`), as are the
+requests of a batch the collector did not take; each count is logged at most once a minute (`Tracing._report`).
 
 How the spans are made, and why not with the SDK's `Span` objects: an SDK span per phase and the SDK's OTLP encoder
 cost about three times the server's own work per request (measured: ~170 us for the five spans, ~140 us to encode
@@ -78,7 +78,8 @@ OpenTelemetry attribute length limit is set."""
 MAX_QUEUE_BYTES: Final = 16 * 1024 * 1024
 """Bytes the export queue holds at most (as well as `OTEL_BSP_MAX_QUEUE_SIZE` spans)."""
 _ENTRY_BYTES: Final = 1024  # a queued request's memory but for its request id and error message (ids, phases)
-_REPORT_EVERY: Final = 60.0  # seconds between two log lines counting ignored trace contexts
+_REPORT_EVERY: Final = 60.0  # seconds between two log lines counting ignored trace contexts, or failed exports
+_REASON_LIMIT: Final = 300  # characters of an exporter's error kept in the log line that counts failed exports
 
 
 def carrier(get: Any) -> dict[str, str] | None:
@@ -103,9 +104,10 @@ def enabled() -> bool:
 
 
 class _CallerWarnings(logging.Filter):
-    """Drops the OpenTelemetry API's warnings while a thread reads a caller's trace context (an invalid
-    `tracestate` member, a `traceparent` too long...: one per request, each quoting the caller's text), and
-    counts them for a periodic line instead (`Tracing._report`)."""
+    """Drops the OpenTelemetry API's warnings while a thread reads a caller's trace context (a bad `tracestate`
+    member, a `traceparent` too long...: each quoting the caller's text), noting them; `count` counts the callers
+    whose context was invalid in part or whole (warned about, or no valid context: API versions warn about
+    different things), for a periodic line instead (`Tracing._report`)."""
 
     LOGGERS: Final = ("opentelemetry.trace.span", "opentelemetry.trace.propagation.tracecontext")
 
@@ -115,8 +117,9 @@ class _CallerWarnings(logging.Filter):
         self.count = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(self.reading, "on", False):
-            self.count += 1
+        reading = self.reading
+        if getattr(reading, "on", False):
+            reading.warned = True
             return False
         return True
 
@@ -159,7 +162,7 @@ class Tracing(Observer):
     thread makes, encodes and exports the spans (see the module's description)."""
 
     def __init__(self, provider: Any, exporter: Any, scope: Any,
-                 post: Callable[[bytes, int], None] | None = None) -> None:
+                 post: Callable[[bytes, int], bool] | None = None) -> None:
         from opentelemetry import context, trace
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -191,8 +194,8 @@ class Tracing(Observer):
         self._random_ids = type(self.ids) is RandomIdGenerator
         # The default id generator's draw, made here as it makes it (a zero is drawn again by the generator)
         self._draw: Callable[[int], int] | None = random.getrandbits if self._random_ids else None
-        # The OTLP exporter's transport, taking an encoded export request and its span count; None: the exporter
-        # takes ReadableSpans.
+        # The OTLP exporter's transport, taking an encoded export request and its span count, saying whether the
+        # collector took it; None: the exporter takes ReadableSpans.
         self.post = post
         self.envelope = envelope_of(provider.resource, scope) if post is not None else None
         self.delay = _env_number("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
@@ -205,6 +208,8 @@ class Tracing(Observer):
         self.queued_bytes = 0  # `_size` of what is queued (under `_queue_lock`)
         self._queue_lock = threading.Lock()
         self.dropped = 0
+        # Requests whose spans the collector did not take, the last reason, when they may next be told (`_report`)
+        self.failed, self.failure, self._next_failure_report = 0, "", 0.0
         # String attributes from the request are cut to the SDK's attribute length limit (None: no limit), a
         # request id to REQUEST_ID_LIMIT without one.
         from opentelemetry.sdk.trace import SpanLimits
@@ -231,12 +236,14 @@ class Tracing(Observer):
             parent_context = self.plain_caller(caller) if self.fixed is not None else None
             if parent_context is None:  # anything but a plain traceparent, or a sampler that takes a context
                 reading = self._reading
-                reading.on = True  # the API's warnings about the caller's text are counted, not logged
+                reading.on, reading.warned = True, False  # the API's warnings about the caller's text: not logged
                 try:
                     parent = self.propagator.extract(caller)
                 finally:
                     reading.on = False
                 parent_context = trace.get_current_span(parent).get_span_context()
+                if reading.warned or ("traceparent" in caller and not parent_context.is_valid):
+                    _CALLER_WARNINGS.count += 1
         if parent_context is not None and parent_context.is_valid:
             trace_id, parent_id, remote = parent_context.trace_id, parent_context.span_id, parent_context.is_remote
             random_flag = parent_context.trace_flags & self._random_flag if self._random_flag else 0
@@ -357,9 +364,13 @@ class Tracing(Observer):
                 return
 
     def _report(self, last: bool = False) -> None:
-        """Log how many callers' trace contexts were invalid (ignored), at most once every _REPORT_EVERY s, and
-        what is left to tell at the `last`."""
+        """Log how many traced requests the collector did not take, and how many callers' trace contexts were
+        invalid (ignored), each at most once every _REPORT_EVERY s, and what is left to tell at the `last`."""
         now = time.monotonic()
+        if self.failed and (now >= self._next_failure_report or last):
+            count, self.failed = self.failed, 0
+            self._next_failure_report = now + _REPORT_EVERY
+            log.warning("%d traced request(s) dropped: the collector did not take them (%s)", count, self.failure)
         if _CALLER_WARNINGS.count and (now >= self._next_report or last):
             count, _CALLER_WARNINGS.count = _CALLER_WARNINGS.count, 0
             self._next_report = now + _REPORT_EVERY
@@ -386,12 +397,16 @@ class Tracing(Observer):
             try:
                 if self.post is not None and self.envelope is not None:
                     spans = b"".join([encode_finished(finished, ids) for finished in batch])
-                    self.post(wrap(spans, self.envelope), sum(1 + len(finished.phases) for finished in batch))
+                    taken = self.post(wrap(spans, self.envelope), sum(1 + len(finished.phases) for finished in batch))
                 else:
                     readable = [span for finished in batch for span in spans_of(finished, ids)]
-                    self.exporter.export(readable_spans(readable, self.provider.resource, self.scope))
-            except Exception:
-                log.exception("the trace exporter failed")
+                    result = self.exporter.export(readable_spans(readable, self.provider.resource, self.scope))
+                    taken = getattr(result, "name", "SUCCESS") == "SUCCESS"  # the SDK's SpanExportResult
+                reason = "the exporter reported a failure"
+            except Exception as exc:  # an exporter that raises rather than returns its failure (older versions)
+                taken, reason = False, f"{type(exc).__name__}: {exc}"[:_REASON_LIMIT]
+            if not taken:
+                self.failed, self.failure = self.failed + len(batch), reason
         if self.dropped:
             log.warning("%d traced request(s) dropped: the export queue was full (OTEL_BSP_MAX_QUEUE_SIZE)",
                         self.dropped)

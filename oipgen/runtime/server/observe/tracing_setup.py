@@ -25,25 +25,24 @@ __all__ = ["configure"]
 log = logging.getLogger(__name__)
 
 
-def _otlp_post(exporter: Any, protocol: str) -> Callable[[bytes, int], None] | None:
+def _otlp_post(exporter: Any, protocol: str) -> Callable[[bytes, int], bool] | None:
     """How an encoded export request reaches the OTLP exporter's own transport (with the exporter's retries,
-    headers, compression, TLS), or None where this exporter's version offers no way in: its spans then go through
-    its `export`, encoded by the SDK."""
+    headers, compression, TLS), saying whether the collector took it; None where this exporter's version offers no
+    way in: its spans then go through its `export`, encoded by the SDK."""
     if protocol == "http/protobuf":
         client = getattr(exporter, "_client", None)  # the exporter's HTTP client
         if client is None or not callable(getattr(client, "export", None)):
             return None
 
-        def post_http(payload: bytes, count: int) -> None:
-            result = client.export(payload)
-            if not getattr(result, "success", True):
-                log.warning("the OTLP export of %d span(s) failed", count)
+        def post_http(payload: bytes, count: int) -> bool:
+            return bool(getattr(client.export(payload), "success", True))
 
         return post_http
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    def post_grpc(payload: bytes, count: int) -> None:
-        exporter.export(_Encoded(ExportTraceServiceRequest.FromString(payload), count))
+    def post_grpc(payload: bytes, count: int) -> bool:
+        result = exporter.export(_Encoded(ExportTraceServiceRequest.FromString(payload), count))
+        return getattr(result, "name", "SUCCESS") == "SUCCESS"  # the SDK's SpanExportResult
 
     return post_grpc
 
@@ -114,9 +113,12 @@ def _http_exporter() -> Any:
 
 def _settings_cannot_apply(endpoint: str) -> bool:
     """Whether requests would send to `endpoint` as is: plain HTTP, no proxy for it (requests' own reading of
-    the proxy variables and no_proxy), no .netrc credentials for its host, no credential provider's session."""
-    import requests.utils
-
+    the proxy variables and no_proxy), no .netrc credentials for its host, no credential provider's session.
+    False where requests is not there (an exporter version that sends otherwise): its own transport is kept."""
+    try:
+        import requests.utils
+    except ImportError:
+        return False
     if not endpoint.startswith("http://"):
         return False  # HTTPS: requests' CA bundle (REQUESTS_CA_BUNDLE, certifi) is its own
     if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP{kind}_CREDENTIAL_PROVIDER") for kind in ("", "_TRACES")):
