@@ -287,6 +287,11 @@ class Server:
         return self.process.returncode
 
 
+# The python the servers run on: this one, or another venv's (its dependencies: the server at its declared floors,
+# tests/package/test_dist.py); the package comes from PYTHONPATH either way.
+SERVER_PYTHON = os.environ.get("OIP_SERVER_PYTHON", sys.executable)
+
+
 def server_env(package_dir: Path = GENERATED) -> dict[str, str]:
     """This environment with `package_dir` (where `oip` is) first on PYTHONPATH: for `python -m oip ...`."""
     path = os.environ.get("PYTHONPATH")
@@ -294,7 +299,7 @@ def server_env(package_dir: Path = GENERATED) -> dict[str, str]:
 
 
 def start_server(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED,
-                 ready: Iterable[str] = (), python: Path | str = sys.executable,
+                 ready: Iterable[str] = (), python: Path | str = SERVER_PYTHON,
                  env: dict[str, str] | None = None) -> Server:
     """`python -m oip serve` over `repository` with `options` (and the environment variables `env`), on 127.0.0.1
     and ephemeral ports, in `workdir` (which gets the ports file and the log, server.log). Waits, within
@@ -352,7 +357,7 @@ def _wait_until_ready(server: Server, waiting: list[str], deadline: float) -> No
 
 @contextlib.contextmanager
 def running(repository: Path, workdir: Path, *options: str, package_dir: Path = GENERATED,
-            ready: Iterable[str] = (), python: Path | str = sys.executable) -> Iterator[Server]:
+            ready: Iterable[str] = (), python: Path | str = SERVER_PYTHON) -> Iterator[Server]:
     """`start_server(...)` for the length of the block; then `stop()`, and the server must have exited with 0."""
     server = start_server(repository, workdir, *options, package_dir=package_dir, ready=ready, python=python)
     try:

@@ -58,10 +58,12 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     # The stubs' floors: protoc of grpcio-tools 1.76 writes protobuf 6.31.1 gencode, which checks the runtime
     # is 6.31.1 or newer within major 6 (7 accepts it too), and a grpc stub that wants grpcio 1.76 or newer.
     "grpc": ("protobuf>=6.31.1,<8", "grpcio>=1.76.0,<2"),
+    # OpenTelemetry 1.36: its exporters end their retries when the server stops (1.35's gRPC exporter held the
+    # stop 6 to 10 s past the graceful shutdown; older exporters need protobuf < 6).
     "server": (
         "fastapi>=0.110,<1", "uvicorn[standard]>=0.29,<1", "httpx>=0.27,<1", "prometheus-client>=0.20,<1",
-        "opentelemetry-api>=1.25,<2", "opentelemetry-sdk>=1.25,<2", "opentelemetry-exporter-otlp-proto-http>=1.25,<2",
-        "opentelemetry-exporter-otlp-proto-grpc>=1.25,<2",
+        "opentelemetry-api>=1.36,<2", "opentelemetry-sdk>=1.36,<2", "opentelemetry-exporter-otlp-proto-http>=1.36,<2",
+        "opentelemetry-exporter-otlp-proto-grpc>=1.36,<2",
     ),
 }
 # The parts each part builds on.

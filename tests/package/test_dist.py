@@ -4,7 +4,9 @@
   same bytes twice and holds `py.typed`.
 - Each part runs in a venv holding that part's extra and nothing else: the REST client without grpcio, protobuf
   or FastAPI; the gRPC client and the converters without httpx or FastAPI, at the declared floors of protobuf and
-  grpcio and at the newest versions, and not below the floors; the server from its extra.
+  grpcio and at the newest versions, and not below the floors; the server from its extra, and at the declared
+  floor of every requirement it has (which must install together), where the server's own tests of what meets its
+  dependencies run again.
 - Our `rest` and `grpc` parts beside tritonclient[all], MLServer 1.7.1 and KServe 0.21 in one venv each, theirs
   imported first, against the generated server.
 
@@ -17,6 +19,7 @@ the venvs were built in parallel), about 3 minutes with them cached. Each instal
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -52,6 +55,15 @@ def floor(name: str) -> str:
                 assert found, r
                 return found.group(1)
     raise KeyError(name)
+
+
+def at_the_floors(*parts: str) -> list[str]:
+    """Every requirement of `parts` pinned to the lowest version it declares (extras kept)."""
+    pinned = set()
+    for part in parts:
+        for requirement in REQUIREMENTS[part]:
+            pinned.add(re.split(r"[<>=!~; ]", requirement, maxsplit=1)[0] + "==" + floor(_name(requirement)))
+    return sorted(pinned)
 
 
 def extra(name: str) -> list[str]:
@@ -94,6 +106,7 @@ def venv_specs(source: Path) -> dict[str, tuple[list[str], list[str] | None]]:
         "dist-grpc": (extra("grpc"), [f"{source}[grpc]"]),
         "dist-grpc-floors": ([*extra("grpc"), *floors], [f"{source}[grpc]", *floors]),
         "dist-server": (extra("server"), [f"{source}[server]"]),
+        "dist-server-floors": (at_the_floors("core", "grpc", "server"), None),
         "below-floors": ([*REQUIREMENTS["core"], "protobuf==6.30.2", "grpcio==1.75.1"], None),
         **{f"beside-{theirs}": ([*install, *ours], None) for theirs, (install, _) in THEIRS.items()},
     }
@@ -307,6 +320,40 @@ def test_server_part_alone(wheel: Path, source: Path, tmp_path: Path) -> None:
                            for n in ("INPUT0", "INPUT1")]}
         reply = http.post("/v2/models/simple/infer", json=body)
         assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [2 * i for i in range(16)]
+
+
+# The server's own tests of what meets its dependencies the most (the HTTP layer on uvicorn's protocol and
+# httptools, FastAPI and Starlette, grpcio, prometheus_client, the OpenTelemetry exporters), about 70 s.
+AT_THE_FLOORS = (
+    "tests/server/test_server.py",
+    "tests/server/test_bad_input.py",
+    "tests/server/rest/test_direct.py",
+    "tests/server/rest/test_generate.py",
+    "tests/server/grpc/test_grpc_unary.py",
+    "tests/server/observe/test_served_metrics.py",
+    "tests/server/observe/test_tracing.py::test_traces_join_the_callers_trace",
+    "tests/server/observe/test_tracing.py::test_a_collector_that_is_down_holds_neither_the_requests_nor_the_stop",
+    "tests/server/observe/test_tracing.py::test_invalid_trace_contexts_log_no_client_text",
+)
+
+
+def test_the_server_at_its_declared_floors(wheel: Path, source: Path) -> None:
+    """The lowest version of every requirement the server declares (its part and the parts it builds on) installs
+    with the others', and the server's own tests of what meets those dependencies pass with the server at them
+    (`OIP_SERVER_PYTHON`: the servers the tests start run on that venv's python)."""
+    from packaging.version import Version
+
+    venv = venv_for("dist-server-floors", source, wheel)
+    versions = installed(venv)
+    for pinned in at_the_floors("core", "grpc", "server"):
+        name, version = pinned.split("==")
+        name = _name(name)
+        assert Version(versions[name]) == Version(version), (name, versions[name], version)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *AT_THE_FLOORS], cwd=ROOT,
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OIP_SERVER_PYTHON": str(python(venv))})
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1], result.stdout[-2000:]
 
 
 # --- beside the clients people already have --------------------------------------------------------------------
