@@ -3,10 +3,10 @@
 - `generated/pyproject.toml` (target `dist`) makes `generated/` installable with extras per part; its wheel is the
   same bytes twice and holds `py.typed`.
 - Each part runs in a venv holding that part's extra and nothing else: the REST client without grpcio, protobuf
-  or FastAPI; the gRPC client and the converters without httpx or FastAPI, at the declared floors of protobuf and
-  grpcio and at the newest versions, and not below the floors; the server from its extra, and at the declared
-  floor of every requirement it has (which must install together), where the server's own tests of what meets its
-  dependencies run again.
+  or FastAPI; the gRPC client and the converters without httpx or FastAPI; the server from its extra. The clients
+  run at the newest versions and at the declared floor of every requirement they have (protobuf's and grpcio's the
+  stubs' own: not below them); the server's floors must install together, and its own tests of what meets its
+  dependencies run again with the server at them.
 - Our `rest` and `grpc` parts beside tritonclient[all], MLServer 1.7.1 and KServe 0.21 in one venv each, theirs
   imported first, against the generated server.
 
@@ -99,12 +99,12 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def venv_specs(source: Path) -> dict[str, tuple[list[str], list[str] | None]]:
     """Every venv of this module: name -> (its requirements, the key; what pip installs, if not those). The
     parts' venvs are built by `pip install "./generated[PART]"` (by path)."""
-    floors = [f"protobuf=={floor('protobuf')}", f"grpcio=={floor('grpcio')}"]
     ours = sorted({*extra("rest"), *extra("grpc")})
     return {
         "dist-rest": (extra("rest"), [f"{source}[rest]"]),
+        "dist-rest-floors": (at_the_floors("core", "rest"), None),
         "dist-grpc": (extra("grpc"), [f"{source}[grpc]"]),
-        "dist-grpc-floors": ([*extra("grpc"), *floors], [f"{source}[grpc]", *floors]),
+        "dist-grpc-floors": (at_the_floors("core", "grpc"), None),
         "dist-server": (extra("server"), [f"{source}[server]"]),
         "dist-server-floors": (at_the_floors("core", "grpc", "server"), None),
         "below-floors": ([*REQUIREMENTS["core"], "protobuf==6.30.2", "grpcio==1.75.1"], None),
@@ -258,8 +258,21 @@ print(google.protobuf.__version__, grpc.__version__) if os.environ.get("CONVERT"
 """
 
 
-def test_rest_part_alone(wheel: Path, source: Path, server: Server) -> None:
-    venv = venv_for("dist-rest", source, wheel)
+def assert_at_the_floors(venv: Path, *parts: str) -> None:
+    """Every requirement of `parts` is installed in `venv` at its declared floor."""
+    from packaging.version import Version
+
+    have = installed(venv)
+    for pinned in at_the_floors(*parts):
+        name, version = pinned.split("==")
+        assert Version(have[_name(name)]) == Version(version), (name, have[_name(name)], version)
+
+
+@pytest.mark.parametrize("versions", ["newest", "floors"])
+def test_rest_part_alone(versions: str, wheel: Path, source: Path, server: Server) -> None:
+    venv = venv_for("dist-rest" if versions == "newest" else "dist-rest-floors", source, wheel)
+    if versions == "floors":
+        assert_at_the_floors(venv, "core", "rest")
     have = installed(venv)
     assert "oip" in have and "httpx" in have
     assert not (GRPC_STACK | SERVER_STACK) & set(have), sorted(have)
@@ -292,7 +305,9 @@ def test_grpc_part_alone_at_the_newest_versions(wheel: Path, source: Path, serve
 
 
 def test_grpc_part_alone_at_the_declared_floors(wheel: Path, source: Path, server: Server) -> None:
-    protobuf, grpcio = _grpc_part(venv_for("dist-grpc-floors", source, wheel), server)
+    venv = venv_for("dist-grpc-floors", source, wheel)
+    assert_at_the_floors(venv, "core", "grpc")
+    protobuf, grpcio = _grpc_part(venv, server)
     assert (protobuf, grpcio) == (floor("protobuf"), floor("grpcio"))
 
 
@@ -341,14 +356,8 @@ def test_the_server_at_its_declared_floors(wheel: Path, source: Path) -> None:
     """The lowest version of every requirement the server declares (its part and the parts it builds on) installs
     with the others', and the server's own tests of what meets those dependencies pass with the server at them
     (`OIP_SERVER_PYTHON`: the servers the tests start run on that venv's python)."""
-    from packaging.version import Version
-
     venv = venv_for("dist-server-floors", source, wheel)
-    versions = installed(venv)
-    for pinned in at_the_floors("core", "grpc", "server"):
-        name, version = pinned.split("==")
-        name = _name(name)
-        assert Version(versions[name]) == Version(version), (name, versions[name], version)
+    assert_at_the_floors(venv, "core", "grpc", "server")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *AT_THE_FLOORS], cwd=ROOT,
         capture_output=True, text=True, timeout=900, env={**os.environ, "OIP_SERVER_PYTHON": str(python(venv))})
