@@ -346,6 +346,7 @@ AT_THE_FLOORS = (
     "tests/server/rest/test_generate.py",
     "tests/server/grpc/test_grpc_unary.py",
     "tests/server/observe/test_served_metrics.py",
+    "tests/server/process/test_grpc_io.py",
     "tests/server/observe/test_tracing.py::test_traces_join_the_callers_trace",
     "tests/server/observe/test_tracing.py::test_a_collector_that_is_down_holds_neither_the_requests_nor_the_stop",
     "tests/server/observe/test_tracing.py::test_invalid_trace_contexts_log_no_client_text",
