@@ -1,12 +1,14 @@
 """oipgen installed from its wheel, used in an empty project folder as a new user would: the standard spec and the
 templates ship inside the distribution, so `oipgen build` and `oipgen scaffold model` need no checkout of oipgen,
-and `oipgen spec export` hands out the spec to own. The venv holding oipgen's requirements is cached
-(tests/venvs.py); the wheel is built and reinstalled on each run (timings: see test_dist.py).
+and `oipgen spec export` hands out the spec to own; at the declared floors of its requirements it writes the same
+package. The venvs holding oipgen's requirements are cached (tests/venvs.py); the wheel is built and reinstalled
+on each run (timings: see test_dist.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -39,6 +41,19 @@ def venv(oipgen_wheel: Path) -> Path:
     venv = cached_venv("oipgen", requirements)
     pip(venv, "--no-deps", "--force-reinstall", str(oipgen_wheel))
     return venv
+
+
+def test_the_build_at_the_declared_floors(oipgen_wheel: Path, tmp_path: Path) -> None:
+    """oipgen at the lowest version of every requirement it declares (its writers are pinned) writes exactly the
+    committed package too."""
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = sorted(re.sub(r">=([\w.]+).*", r"==\1", requirement) for requirement in requirements)
+    assert all("==" in pinned and "<" not in pinned for pinned in floors), floors
+    venv = cached_venv("oipgen-floors", floors)
+    pip(venv, "--no-deps", "--force-reinstall", str(oipgen_wheel))
+    result = oipgen(venv, tmp_path, "build", "--out", "out", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert _files(tmp_path / "out") == _files(GENERATED)
 
 
 def oipgen(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
