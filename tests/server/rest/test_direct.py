@@ -580,7 +580,7 @@ def test_the_request_limit_holds_for_small_bodies(tmp_path: Path) -> None:
         [(status, _, answer)] = _exchange(served, _post(SIMPLE, body))
         assert status == "HTTP/1.1 200 OK", answer
         [(status, _, answer)] = _exchange(served, _post(SIMPLE, body + b" "))  # one byte over
-        assert status == "HTTP/1.1 413 Request Entity Too Large", answer
+        assert status.startswith("HTTP/1.1 413 "), answer  # the reason phrase is Python's: renamed in 3.13
         assert json.loads(answer) == {"error": f"request body of {len(body) + 1} bytes exceeds the limit of "
                                                f"{len(body)} bytes"}
         [(status, _, answer)] = _exchange(served, _post(SIMPLE, body))
