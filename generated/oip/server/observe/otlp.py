@@ -16,8 +16,13 @@ from typing import Any, Final, NamedTuple, TypeVar
 
 from ...grpc.wire import varint
 
-__all__ = ["Envelope", "Finished", "OtlpSpan", "encode", "encode_finished", "envelope_of", "new_finished",
+__all__ = ["Envelope", "Finished", "OtlpSpan", "encode", "encode_finished", "envelope_of", "exported", "new_finished",
            "readable_spans", "spans_of", "wrap"]
+
+
+def exported(result: Any) -> bool:
+    """Whether an SDK exporter's `export` result (`SpanExportResult`) says the collector took the spans."""
+    return getattr(result, "name", "SUCCESS") == "SUCCESS"
 
 
 class Finished(NamedTuple):

@@ -64,7 +64,7 @@ from .events import (
     current,
     set_current,
 )
-from .otlp import Finished, encode_finished, envelope_of, new_finished, readable_spans, spans_of, wrap
+from .otlp import Finished, encode_finished, envelope_of, exported, new_finished, readable_spans, spans_of, wrap
 
 __all__ = ["MAX_QUEUE_BYTES", "REQUEST_ID_LIMIT", "SCOPE", "TRACE_HEADERS", "Tracing", "carrier", "current_ids",
            "enabled", "fixed_decisions"]
@@ -404,8 +404,7 @@ class Tracing(Observer):
                     taken = self.post(wrap(spans, self.envelope), sum(1 + len(finished.phases) for finished in batch))
                 else:
                     readable = [span for finished in batch for span in spans_of(finished, ids)]
-                    result = self.exporter.export(readable_spans(readable, self.provider.resource, self.scope))
-                    taken = getattr(result, "name", "SUCCESS") == "SUCCESS"  # the SDK's SpanExportResult
+                    taken = exported(self.exporter.export(readable_spans(readable, self.provider.resource, self.scope)))
                 reason = "the exporter reported a failure"
             except Exception as exc:  # an exporter that raises rather than returns its failure (older versions)
                 taken, reason = False, f"{type(exc).__name__}: {exc}"[:_REASON_LIMIT]

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .otlp import exported
 from .tracing import SCOPE, Tracing
 
 __all__ = ["configure"]
@@ -45,8 +46,7 @@ def _otlp_post(exporter: Any, protocol: str) -> Callable[[bytes, int], bool] | N
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     def post_grpc(payload: bytes, count: int) -> bool:
-        result = exporter.export(_Encoded(ExportTraceServiceRequest.FromString(payload), count))
-        return getattr(result, "name", "SUCCESS") == "SUCCESS"  # the SDK's SpanExportResult
+        return exported(exporter.export(_Encoded(ExportTraceServiceRequest.FromString(payload), count)))
 
     return post_grpc
 
