@@ -246,6 +246,12 @@ class Lean:
             self._plans[key] = (model, plan)
         return plan
 
+    def forget(self, model: Model) -> None:
+        """Drop the plans of `model`, retired (`ModelRepository.on_retired`): requests now find its successor, or
+        no model."""
+        with self._lock:
+            self._plans = {key: known for key, known in self._plans.items() if known[0] is not model}
+
     def parameters(self, given: Mapping[str, Any]) -> dict[str, Any] | None:
         """What the model sees of the request parameters, as the general way makes it
         (`validation.check_request_parameters`); None when the general way would refuse them (a reserved key, a

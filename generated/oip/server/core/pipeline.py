@@ -118,6 +118,13 @@ class Pipeline:
         self.lean = Lean(repository, observers, settings.max_tensor_elements, enabled, self.model_slots,
                          self.batcher, self.thread_batcher, self.arrival_batcher, self.run,
                          self.finish_result)
+        repository.on_retired(self._forget)
+
+    def _forget(self, model: Model) -> None:
+        """Let go of what is kept for `model`, retired (the loop's batcher drops a queue once it is empty)."""
+        self.thread_batcher.forget(model)
+        self.arrival_batcher.forget(model)
+        self.lean.forget(model)
 
     # --- one request, one response (ModelInfer, REST, a stream's request to a model that is not decoupled) ----
 

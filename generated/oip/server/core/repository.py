@@ -42,8 +42,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -54,6 +54,7 @@ from .leases import Leases
 from .model_files import (
     MODEL_FILE,
     MODULE_IDS,
+    drop_modules,
     fingerprint,
     import_class,
     message_of,
@@ -121,6 +122,9 @@ class _Record:
         self.lock = asyncio.Lock()
         self.modules: dict[int, list[str]] = {}  # generation -> module names in sys.modules
 
+    def drop_unused_modules(self, free: bool = True) -> None:
+        drop_modules(self.modules, {e.generation for e in self.versions.values() if e.model is not None}, free)
+
 
 class ModelRepository:
     """The models a server serves, by name and version."""
@@ -131,6 +135,12 @@ class ModelRepository:
             raise ValueError(f"model repository {self.path} is not a directory")
         self._records: dict[str, _Record] = {}
         self._leases = Leases()
+        self._on_retired: list[Callable[[Model], None]] = []
+
+    def on_retired(self, hook: Callable[[Model], None]) -> None:
+        """Call `hook` with each instance retired (unloaded, reloaded) once no request holds it: to let go of what
+        is kept per instance (a batch queue, a lean plan), so that it and its module can be freed."""
+        self._on_retired.append(hook)
 
     # --- registration ---------------------------------------------------------------------------------
 
@@ -290,7 +300,7 @@ class ModelRepository:
             for entry in record.versions.values():
                 if entry.state is not ModelState.READY:
                     entry.state, entry.reason, entry.failed = ModelState.UNAVAILABLE, problem, True
-            self._drop_unused_modules(record)
+            record.drop_unused_modules()
             log.error("model '%s': %s", record.name, problem)
             return [problem]
         record.problem = ""
@@ -307,15 +317,11 @@ class ModelRepository:
                 failures.append(f"version {version}: {reason}")
                 continue
             if entry.state is ModelState.READY and entry.model is not None:
-                old = entry.model
-                error = await self._load_instance(record, made)
+                error = await self._replace(record, entry, entry.model, made, generation)
                 if error:
                     log.error("model '%s' version %s: reload failed, the loaded instance stays: %s",
                               record.name, version, error)
                     failures.append(f"version {version}: {error}")
-                    continue
-                entry.model, entry.generation, entry.reason = made, generation, ""
-                await self._retire(old)
             else:
                 entry.model, entry.generation = made, generation
                 error = await self._start(record, entry, made)
@@ -324,8 +330,17 @@ class ModelRepository:
         for version, entry in record.versions.items():
             if version not in built and entry.wanted:  # no longer declared: unload it
                 await self._stop(entry)
-        self._drop_unused_modules(record)
+        record.drop_unused_modules()
         return failures
+
+    async def _replace(self, record: _Record, entry: _Version, old: Model, model: Model, generation: int) -> str:
+        """Load `model` beside `old`, then serve it and retire `old` (referred to here alone: gone before its
+        module is); the error message, or "" on success."""
+        error = await self._load_instance(record, model)
+        if not error:
+            entry.model, entry.generation, entry.reason = model, generation, ""
+            await self._retire(old)
+        return error
 
     async def _start(self, record: _Record, entry: _Version, model: Model) -> str:
         """Load `model` into `entry` (not serving yet); the error message, or "" on success."""
@@ -411,8 +426,9 @@ class ModelRepository:
 
     # --- unloading --------------------------------------------------------------------------------------
 
-    async def unload(self, name: str) -> None:
-        """Unload every version of model `name` (UNAVAILABLE, reason "unloaded"). NotFound when unknown."""
+    async def unload(self, name: str, free: bool = True) -> None:
+        """Unload every version of model `name` (UNAVAILABLE, reason "unloaded"). NotFound when unknown. `free`
+        False: what its modules held is left to the process's end (a full collection per model at shutdown)."""
         record = self._records.get(name)
         if record is None:
             raise NotFound(f"model '{name}' is not in the model repository")
@@ -420,11 +436,11 @@ class ModelRepository:
             record.wanted = False
             for entry in record.versions.values():
                 await self._stop(entry)
-            self._drop_unused_modules(record)
+            record.drop_unused_modules(free)
 
     async def unload_all(self) -> None:
         """Unload every model (at shutdown)."""
-        await asyncio.gather(*(self.unload(name) for name in sorted(self._records)))
+        await asyncio.gather(*(self.unload(name, free=False) for name in sorted(self._records)))
 
     async def _stop(self, entry: _Version) -> None:
         entry.wanted = False
@@ -439,19 +455,16 @@ class ModelRepository:
         entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED
 
     async def _retire(self, model: Model) -> None:
-        """Lease `model` no more, wait until no request runs on it, then call its unload() (errors are logged)."""
+        """Lease `model` no more, wait until no request runs on it, then call its unload() (its errors are logged)
+        and the `on_retired` hooks."""
         await self._leases.retire(model)
         try:
             await call_hook(model.unload)
         except Exception:
             log.exception("model '%s' version %s: unload() failed", model.name, model.version)
+        for hook in self._on_retired:  # the data plane's: dict updates that do not raise
+            hook(model)
         log.info("model '%s' version %s is unloaded", model.name, model.version)
-
-    def _drop_unused_modules(self, record: _Record) -> None:
-        used = {entry.generation for entry in record.versions.values() if entry.model is not None}
-        for generation in [g for g in record.modules if g not in used]:
-            for module in record.modules.pop(generation):
-                sys.modules.pop(module, None)
 
     # --- lookups ----------------------------------------------------------------------------------------
 

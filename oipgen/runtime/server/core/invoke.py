@@ -13,6 +13,7 @@ import concurrent.futures
 import inspect
 import logging
 import queue
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -87,19 +88,29 @@ def model_error(model: Model, exc: Exception) -> OipError:
     return error
 
 
-_PLAIN: dict[Any, bool] = {}  # by `infer` function: whether it is plain (no coroutine or async generator function)
+_PLAIN: dict[int, bool] = {}  # by id of an `infer` function: whether it is plain (no coroutine or async generator)
+_FORGET: dict[int, weakref.ref[Any]] = {}  # by the same id: drops the entry as its function goes (a reloaded model)
 
 
 def is_plain(hook: Callable[..., Any]) -> bool:
     """Whether `hook` is a plain function (not a coroutine or async generator function), remembered per function:
-    asked on every request, and `inspect` takes a microsecond to tell."""
+    asked on every request, and `inspect` takes a microsecond to tell. Remembered by id, not by the function, and
+    forgotten as the function goes: a model reloaded from its source (every load compiles it anew) leaves its old
+    module, and all that module holds, to be freed."""
     function = getattr(hook, "__func__", None)  # a bound method's function: the same for every instance
-    plain = _PLAIN.get(function) if function is not None else None
+    key = id(function)
+    plain = _PLAIN.get(key) if function is not None else None
     if plain is None:
         plain = not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook))
         if function is not None:
-            _PLAIN[function] = plain
+            _PLAIN[key] = plain
+            _FORGET[key] = weakref.ref(function, lambda _, key=key: _forget(key))  # type: ignore[misc]
     return plain
+
+
+def _forget(key: int) -> None:
+    _PLAIN.pop(key, None)
+    _FORGET.pop(key, None)
 
 
 async def _awaited(result: Any) -> Any:

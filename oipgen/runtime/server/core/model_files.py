@@ -5,6 +5,7 @@ files changed (`fingerprint`)."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -19,8 +20,8 @@ from typing import Any, Final
 
 from ..model import DynamicBatching, Model
 
-__all__ = ["MODEL_FILE", "MODULE_IDS", "TOML_KEYS", "fingerprint", "import_class", "message_of", "parse_config",
-           "parse_declarations", "version_key"]
+__all__ = ["MODEL_FILE", "MODULE_IDS", "TOML_KEYS", "drop_modules", "fingerprint", "import_class", "message_of",
+           "parse_config", "parse_declarations", "version_key"]
 
 MODEL_FILE: Final = "model.toml"
 TOML_KEYS: Final = (
@@ -123,6 +124,18 @@ def parse_declarations(config: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"'dynamic_batching' must be a table, got {table!r}")
         out["dynamic_batching"] = DynamicBatching.of(table)
     return out
+
+
+def drop_modules(modules: dict[int, list[str]], used: set[int], free: bool = True) -> None:
+    """Take out of sys.modules the modules of every load (generation) in `modules` but those `used`, and (`free`)
+    free them now: a module is a cycle (its functions refer to its dict) that only a full collection frees, which a
+    quiet server may not run for hours while the module holds what its model loaded at import (20 to 50 ms here)."""
+    unused = [generation for generation in modules if generation not in used]
+    for generation in unused:
+        for name in modules.pop(generation):
+            sys.modules.pop(name, None)
+    if unused and free:
+        gc.collect()
 
 
 def import_class(file: Path, class_name: str, search: Iterable[Path], model: str, modules: list[str]) -> type[Model]:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import Any, Final
+from typing import Any
 
 from ..errors import ModelFailure
 from ..model import Model
@@ -37,8 +37,6 @@ __all__ = ["ArrivalBatcher", "RunInThread", "ThreadBatcher"]
 
 log = logging.getLogger(__name__)
 
-_MAX_QUEUES: Final = 64  # queues `ArrivalBatcher` keeps before it drops the idle ones
-
 RunInThread = Callable[[Model, Arrays, dict[str, Any]], tuple[Any, int, int]]
 """How `ThreadBatcher` calls a plain model in the calling thread: the result, and when the call started and ended."""
 
@@ -55,6 +53,11 @@ class ThreadBatcher:
         self._queues: dict[int, _ThreadQueue] = {}
         self._lock = threading.Lock()
         self._report = report
+
+    def forget(self, model: Model) -> None:
+        """Drop the queue of `model`, retired (`ModelRepository.on_retired`): no request joins it any more."""
+        with self._lock:
+            _drop(self._queues, model)
 
     def infer(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread,
               rows: int | None = None, key: Hashable | None = None) -> Share:
@@ -167,6 +170,12 @@ class ArrivalBatcher:
         self._bell.acquire()
         self._thread: threading.Thread | None = None
 
+    def forget(self, model: Model) -> None:
+        """Drop the queue of `model`, retired (`ModelRepository.on_retired`): no request joins it any more (one
+        the timer was to look at again is looked at, and found empty)."""
+        with self._timer:
+            _drop(self._queues, model)
+
     def add(self, model: Model, inputs: Arrays, parameters: dict[str, Any], run: RunInThread, done: Done,
             rows: int | None = None, key: Hashable | None = None) -> None:
         """Queue a request (validated arrays, batch dimension first) to `model`, run by `run` in whichever thread
@@ -179,9 +188,6 @@ class ArrivalBatcher:
             with self._timer:
                 queue = self._queues.get(id(model))
                 if queue is None or queue.model is not model:
-                    if len(self._queues) >= _MAX_QUEUES:  # models reloaded or unloaded since: their idle queues go
-                        self._queues = {key: known for key, known in self._queues.items()
-                                        if known.pending or known.running or known in self._due}
                     queue = self._queues[id(model)] = _ArrivalQueue(model, run)
         with queue.lock:
             queue.pending.append(entry)
@@ -274,20 +280,32 @@ class ArrivalBatcher:
             with self._timer:
                 now = time.perf_counter_ns()
                 due = [queue for queue, when in self._due.items() if when <= now]
-                for queue in due:
-                    del self._due[queue]
+                if due:
+                    self._due = {queue: when for queue, when in self._due.items() if when > now}
                 self._waking = 0 if due else min(self._due.values(), default=0)
                 self._asleep = not due
-            if not due:
-                self._bell.acquire(timeout=(self._waking - now) / 1e9 if self._waking else -1)
-                with self._timer:
-                    self._asleep = False  # rung (the bell taken) or woken by itself (a late ring: woken again)
+            if due:
+                self._drain_due(due)
                 continue
-            for queue in due:
-                try:
-                    self._drain(queue, True)
-                except Exception:  # the thread must live on: other batches depend on it
-                    log.exception("running the batch of model '%s' failed", queue.model.name)
+            self._bell.acquire(timeout=(self._waking - now) / 1e9 if self._waking else -1)
+            with self._timer:
+                self._asleep = False  # rung (the bell taken) or woken by itself (a late ring: woken again)
+
+    def _drain_due(self, due: list[_ArrivalQueue]) -> None:
+        """Drain the queues whose time came (here, not in `_time`: nothing of them, and of a model retired since,
+        stays referenced while the timer sleeps)."""
+        for queue in due:
+            try:
+                self._drain(queue, True)
+            except Exception:  # the thread must live on: other batches depend on it
+                log.exception("running the batch of model '%s' failed", queue.model.name)
+
+
+def _drop(queues: dict[int, Any], model: Model) -> None:
+    """Remove the queue of `model` from `queues` (by id; one of an instance gone before that had the same id
+    stays: it was dropped when that one retired)."""
+    if getattr(queues.get(id(model)), "model", None) is model:
+        del queues[id(model)]
 
 
 class _ArrivalQueue:
