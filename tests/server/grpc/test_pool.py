@@ -315,3 +315,39 @@ def test_a_call_answered_here_by_a_plain_behaviour_gets_its_reply_or_fails_alone
     finally:
         server.stop(None).wait(WAIT)
         pool.shutdown()
+
+
+def _stream(release: threading.Event, seen: list[str]) -> Any:
+    """A call submitted as grpcio submits a stream (its first argument grpcio's function for calls whose responses
+    stream), held until `release`."""
+    from grpc import _server as grpc_server
+
+    def run(behaviour: Any, *args: Any) -> str:
+        assert behaviour is grpc_server._stream_response_in_pool
+        return _held(*args)
+
+    return run, grpc_server._stream_response_in_pool, release, seen
+
+
+def test_streams_have_threads_of_their_own_and_wait_for_each_other_not_for_calls(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pool = WarmPool(1, "test-pool", max_streams=2)
+    try:
+        release = threading.Event()
+        started: list[str] = []
+        streams = [pool.submit(*_stream(release, started)) for _ in range(2)]
+        _when_started(started, 2)
+        with caplog.at_level(logging.WARNING, logger="oip.server.grpc.pool"):
+            waiting = [pool.submit(*_stream(release, started)) for _ in range(2)]  # over the streams' limit
+        assert pool.submit(lambda: "answered").result(WAIT) == "answered"  # a call is not held up by streams
+        time.sleep(0.05)
+        assert len(started) == 2 and not any(call.done() for call in waiting)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warnings == ["1 gRPC stream(s) wait for a thread: 2 are open, the most at once (--grpc-threads); "
+                            "each waits until one ends"]  # once a minute, not once a stream
+        release.set()
+        for call in [*streams, *waiting]:
+            call.result(WAIT)
+        assert len(started) == 4 and len(pool._threads) == 3  # two streams and one call at most at once
+    finally:
+        pool.shutdown()

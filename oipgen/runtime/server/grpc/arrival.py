@@ -12,7 +12,8 @@ grpcio sends it, without the context grpcio makes and finalizes for every call.
 
 This reaches into grpcio's server module (a call's state, its receive callback, the token that counts it, how it
 sends a status) as grpcio 1.76 to 1.85 have them. `SUPPORTED` checks that shape at import; where it differs, every
-call takes grpcio's own way, unchanged.
+call takes grpcio's own way, unchanged. `streams` tells a call whose responses stream by the function grpcio runs
+it with (the pool gives streams threads of their own); where grpcio has none of that name, no call is one.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from typing import Any, Final
 from grpc import _server as _grpc  # private: see the module's description
 from grpc._cython import cygrpc  # type: ignore[attr-defined]  # grpcio ships no types for its core
 
-__all__ = ["SUPPORTED", "answer", "defer"]
+__all__ = ["SUPPORTED", "answer", "defer", "streams"]
 
 log = logging.getLogger(__name__)
 
 _RESPOND: Final = getattr(_grpc, "_unary_response_in_pool", None)
+_STREAM_RESPONSES: Final = getattr(_grpc, "_stream_response_in_pool", None)
 _RESPOND_PARAMETERS: Final = (
     "rpc_event", "state", "behavior", "argument_thunk", "request_deserializer", "response_serializer",
 )
@@ -54,6 +56,12 @@ def _supported() -> bool:
 
 
 SUPPORTED: Final = _supported()
+
+
+def streams(args: tuple[Any, ...]) -> bool:
+    """Whether `args`, those grpcio submits a call with, are a call whose responses stream (it holds its thread as
+    long as it is open); False for any other call, and for every call where grpcio's server module differs."""
+    return _STREAM_RESPONSES is not None and bool(args) and args[0] is _STREAM_RESPONSES
 
 
 def defer(args: tuple[Any, ...], hand: Callable[[tuple[Any, ...], Any], None]) -> bool:

@@ -9,6 +9,12 @@ stay warm and the others sleep. What a call may do is unchanged: as many calls r
 threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order. A
 unary call is given to a thread only once its request has arrived (`arrival`).
 
+A stream holds its thread for as long as it is open, idle or not, so streams have threads of their own: as many
+streams as calls may be open at once (`max_streams`), and the calls that are not streams (health, metadata,
+inference) never wait behind them. Without it, as many idle streams as threads (clients that keep one open, as
+tritonclient's `start_stream` does) left no thread to any other call: a health check waited until its deadline.
+A stream beyond its limit waits for one to end, and the log says so once a minute.
+
 What `submit` returns is the call's `Call`: its outcome, and the one thing grpcio asks of it (a callback once it is
 over, by which grpcio counts the calls it runs). `concurrent.futures.Future` would serve, but makes a condition
 variable for every call and enters it three times; a `Call` takes one plain lock, and makes an event only for a
@@ -29,6 +35,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError
@@ -44,6 +51,10 @@ _PENDING: Final = 0
 _RUNNING: Final = 1
 _DONE: Final = 2  # finished, with its result or its exception
 _CANCELLED: Final = 3  # never ran (the pool shut down first)
+
+_CALL: Final = 0  # the kinds of call, each with its own limit: any call but a stream
+_STREAM: Final = 1  # a call whose responses stream (`arrival.streams`): it holds its thread while open
+_WAIT_WARNING_SECONDS: Final = 60.0
 
 
 class Call:
@@ -140,31 +151,35 @@ and `respond` (answer it in the calling thread: now, or later from the thread th
 
 
 class _Worker:
-    """One thread's hand-over: the call it is given (`item`, None to end) and the lock it sleeps on while idle."""
+    """One thread's hand-over: the call it is given (`item`, None to end), its kind, and the lock it sleeps on while
+    idle."""
 
-    __slots__ = ("item", "wake")
+    __slots__ = ("item", "kind", "wake")
 
     def __init__(self) -> None:
         self.item: _Item | None = None
+        self.kind = _CALL
         self.wake = threading.Lock()
         self.wake.acquire()  # held while the thread has nothing to do: released to hand it a call
 
 
 class WarmPool:
-    """An executor of at most `max_workers` threads for grpcio's server (see the module's description): `submit`
-    (which returns a `Call`, where `concurrent.futures.Executor` returns a future) and `shutdown` as an executor
-    has them."""
+    """An executor for grpcio's server of at most `max_workers` calls at once, and besides them `max_streams`
+    streams (default: as many; see the module's description): `submit` (which returns a `Call`, where
+    `concurrent.futures.Executor` returns a future) and `shutdown` as an executor has them."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "",
                  initializer: Callable[[], None] | None = None,
-                 answers_here: AnswersHere | None = None) -> None:
-        if max_workers < 1:
-            raise ValueError("max_workers must be at least 1")
-        self._max = max_workers
+                 answers_here: AnswersHere | None = None, max_streams: int | None = None) -> None:
+        if max_workers < 1 or (max_streams is not None and max_streams < 1):
+            raise ValueError("max_workers and max_streams must be at least 1")
+        self._limits = (max_workers, max_workers if max_streams is None else max_streams)  # by kind
+        self._running = [0, 0]  # calls running, by kind
         self._prefix = thread_name_prefix or f"WarmPool-{id(self):x}"
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # a stack: the last to go idle is the first handed a call
-        self._backlog: deque[_Item] = deque()  # calls waiting for a thread, every one being busy
+        self._backlogs: tuple[deque[_Item], deque[_Item]] = (deque(), deque())  # calls waiting for a thread, by kind
+        self._warned = -_WAIT_WARNING_SECONDS  # when the log last said that streams wait (`time.monotonic`)
         self._threads: list[threading.Thread] = []
         self._closed = False
         # Run by each thread as it starts, before its first call. One that raises is logged and the thread serves
@@ -178,7 +193,7 @@ class WarmPool:
         call = Call()
         if args and arrival.defer(args, lambda given, request: self._arrived((call, fn, given, kwargs), request)):
             return call  # handed to a thread once its request is in
-        self._hand((call, fn, args, kwargs))
+        self._hand((call, fn, args, kwargs), _STREAM if arrival.streams(args) else _CALL)
         return call
 
     def _arrived(self, item: _Item, request: Any) -> None:
@@ -210,22 +225,27 @@ class WarmPool:
                 return
         self._hand(item)
 
-    def _hand(self, item: _Item) -> None:
-        """Give `item` to the thread that went idle last, a new thread, or the backlog. RuntimeError after
-        `shutdown` (its `Call` cancelled)."""
+    def _hand(self, item: _Item, kind: int = _CALL) -> None:
+        """Give `item` to the thread that went idle last, a new thread, or, when as many calls of its kind run as
+        its limit, the backlog. RuntimeError after `shutdown` (its `Call` cancelled)."""
         with self._lock:
             if self._closed:
                 item[0].cancel()
                 raise RuntimeError("cannot schedule new calls after shutdown")
+            if self._running[kind] >= self._limits[kind]:
+                self._backlogs[kind].append(item)
+                if kind == _STREAM:
+                    self._streams_wait()
+                return
+            self._running[kind] += 1
             if self._idle:
                 worker = self._idle.pop()
-                worker.item = item
+                worker.item, worker.kind = item, kind
                 worker.wake.release()
                 return
-            if len(self._threads) >= self._max:
-                self._backlog.append(item)
-                return
-            thread = threading.Thread(target=self._work, args=(_Worker(), item), daemon=True,
+            worker = _Worker()
+            worker.kind = kind
+            thread = threading.Thread(target=self._work, args=(worker, item), daemon=True,
                                       name=f"{self._prefix}_{len(self._threads)}")
             # Started under the lock, so that `shutdown` never finds a thread it cannot join yet (the new thread
             # runs its call before it takes the lock).
@@ -242,14 +262,27 @@ class WarmPool:
             _run(item)
             item = None  # nothing of a finished call is kept while the thread sleeps
             with self._lock:
-                if self._backlog:
-                    item = self._backlog.popleft()
+                self._running[worker.kind] -= 1
+                for kind in (_CALL, _STREAM):  # the next call waiting whose kind is under its limit
+                    if self._backlogs[kind] and self._running[kind] < self._limits[kind]:
+                        self._running[kind] += 1
+                        item, worker.kind = self._backlogs[kind].popleft(), kind
+                        break
+                if item is not None:
                     continue
                 if self._closed:
                     return
                 self._idle.append(worker)
             worker.wake.acquire()
             item, worker.item = worker.item, None
+
+    def _streams_wait(self) -> None:
+        """Say, once a minute at most, that streams wait for a thread (under the lock)."""
+        now = time.monotonic()
+        if now - self._warned >= _WAIT_WARNING_SECONDS:
+            self._warned = now
+            log.warning("%d gRPC stream(s) wait for a thread: %d are open, the most at once (--grpc-threads); each "
+                        "waits until one ends", len(self._backlogs[_STREAM]), self._limits[_STREAM])
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; the idle threads end, the busy ones once the backlog is done (cancelled first with
@@ -258,8 +291,9 @@ class WarmPool:
             self._closed = True
             idle, self._idle = self._idle, []
             if cancel_futures:
-                while self._backlog:
-                    self._backlog.popleft()[0].cancel()
+                for backlog in self._backlogs:
+                    while backlog:
+                        backlog.popleft()[0].cancel()
             threads = list(self._threads)
         for worker in idle:
             worker.wake.release()  # with no call: the thread ends

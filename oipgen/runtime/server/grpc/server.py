@@ -16,8 +16,9 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
   holds the stream, not the server's memory). A call the client cancels cancels its coroutine.
 
 Each call holds a thread of the pool while it runs (a unary call from when its request has arrived: `arrival`), a
-stream for its whole life: `Settings.grpc_threads` bounds the calls served at once (more wait for a thread). The
-pool hands each call to the thread that went idle last (`pool.WarmPool`).
+stream for its whole life: `Settings.grpc_threads` bounds the calls served at once, and the streams open at once
+besides, on threads of their own (more wait for a thread of their kind). The pool hands each call to the thread
+that went idle last (`pool.WarmPool`).
 """
 
 from __future__ import annotations
