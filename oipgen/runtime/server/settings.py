@@ -49,8 +49,9 @@ class Settings:
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
     )
     graceful_shutdown_seconds: float = 30.0
-    # gRPC calls served at once, each on a thread of its own, and as many streams open at once besides (a stream holds
-    # a thread for its whole life: streams have threads of their own, so that they never hold up other calls).
+    # gRPC inference calls served at once, each on a thread of its own; as many streams open at once (a stream holds
+    # its thread for its whole life), and as many other calls: each kind has threads of its own, so that none waits
+    # behind another (a health check behind calls to a slow model, or behind idle streams).
     grpc_threads: int = 128
     # How the gRPC threads (and the timer of the batches formed where gRPC calls arrive) are scheduled (Linux):
     # "batch" (SCHED_BATCH: a woken thread does not preempt the running one, which in this process mostly holds the

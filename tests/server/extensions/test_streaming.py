@@ -3,8 +3,7 @@
 tritonclient's `start_stream` + `async_stream_infer` with models that are not decoupled (one response per request,
 in order, flagged final), decoupled models (sync and async generators: any number of responses, the empty final
 response on request), an error in the middle of a stream (reported, the stream goes on), and decoupled models
-refused over unary inference, as Triton refuses them; a stream through the generated client; open streams beyond
-the gRPC threads, which wait their turn while every other call is answered.
+refused over unary inference, as Triton refuses them; a stream through the generated client.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import queue
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
-from serving import TIMEOUT, Server, assert_error_body, build_repository, check_simple, running
+from serving import TIMEOUT, Server, assert_error_body, check_simple
 from stream_batch_models import SIMPLE_A, SIMPLE_B, serve_models, triton_grpc_client
 from tritonclient.utils import InferenceServerException
 
@@ -225,42 +223,3 @@ def test_generated_client_streams(server: Server) -> None:
         assert [r.parameters["triton_final_response"] for r in decoupled] == [False, False, False, True]
         assert decoupled[3].names == []
 
-
-# --- open streams and everything else ----------------------------------------------------------------------------
-
-QUICK = 5.0  # seconds: a call that waited for a thread would wait until its deadline
-
-
-def test_idle_streams_do_not_hold_up_other_calls_and_streams_over_the_limit_wait_their_turn(tmp_path: Path) -> None:
-    """Each open stream holds a gRPC thread: with `--grpc-threads 2`, five clients that keep a stream open (as
-    tritonclient's `start_stream` does) take the two threads streams have, and three streams wait, said in the log;
-    health, metadata and inference over unary calls are answered all the while, and a waiting stream is served as
-    soon as another one ends."""
-    repository = build_repository(tmp_path / "models", only=("simple",))
-    with running(repository, tmp_path / "run", "--grpc-threads", "2", ready=["simple"]) as server:
-        clients = [grpcclient.InferenceServerClient(server.target) for _ in range(6)]
-        try:
-            collectors = [Collector() for _ in range(5)]
-            for client, collector in zip(clients[:5], collectors, strict=True):
-                client.start_stream(callback=collector)
-                client.async_stream_infer("simple", simple_inputs(grpcclient))  # each stream's first request
-            answered = [i for i, collector in enumerate(collectors) if not collector.nothing_more(1.0)]
-            assert len(answered) == 2, answered  # two streams are served, three wait
-            other = clients[5]
-            assert other.is_server_live(client_timeout=QUICK) and other.is_server_ready(client_timeout=QUICK)
-            assert other.get_model_metadata("simple", client_timeout=QUICK).name == "simple"
-            reply = other.infer("simple", simple_inputs(grpcclient), client_timeout=QUICK)
-            assert (reply.as_numpy("OUTPUT0") == SIMPLE_A + SIMPLE_B).all()
-            for i in answered:  # the served streams go on being served
-                clients[i].async_stream_infer("simple", simple_inputs(grpcclient))
-                result, error = collectors[i].take(1)[0]
-                assert error is None, error
-            waiting = [i for i in range(5) if i not in answered]
-            clients[answered[0]].stop_stream()  # one ends: the first stream waiting is served
-            result, error = collectors[waiting[0]].take(1)[0]
-            assert error is None, error
-            assert (result.as_numpy("OUTPUT0") == SIMPLE_A + SIMPLE_B).all()
-        finally:
-            for client in clients:
-                client.close()
-        assert "gRPC stream(s) wait for a thread: 2 are open, the most at once" in server.log_text()

@@ -351,3 +351,36 @@ def test_streams_have_threads_of_their_own_and_wait_for_each_other_not_for_calls
         assert len(started) == 4 and len(pool._threads) == 3  # two streams and one call at most at once
     finally:
         pool.shutdown()
+
+
+class _Event:
+    """What grpcio gives a call of a registered method: the method's name as its tag."""
+
+    def __init__(self, method: str) -> None:
+        self.tag = method
+
+
+def _to(method: str, release: threading.Event, seen: list[str]) -> tuple[Any, ...]:
+    """A call to `method` as grpcio submits a unary one (its behaviour first, then the call's event), held until
+    `release`."""
+    return (lambda _behaviour, _event, *args: _held(*args)), "behaviour", _Event(method), release, seen
+
+
+def test_inference_and_the_other_calls_have_threads_of_their_own() -> None:
+    pool = WarmPool(1, "test-pool", inference=["/svc/Infer"])
+    try:
+        release = threading.Event()
+        started: list[str] = []
+        held = pool.submit(*_to("/svc/Infer", release, started))
+        _when_started(started, 1)
+        waiting = pool.submit(*_to("/svc/Infer", release, started))  # over inference's limit of one
+        other = pool.submit(*_to("/svc/Live", release, started))  # another kind: a thread of its own
+        _when_started(started, 2)
+        time.sleep(0.05)
+        assert len(started) == 2 and not waiting.done()
+        release.set()
+        for call in (held, waiting, other):
+            call.result(WAIT)
+        assert len(started) == 3 and len(pool._threads) == 2
+    finally:
+        pool.shutdown()

@@ -17,7 +17,8 @@ grpcio sends it, without the context grpcio makes and finalizes for every call.
 This reaches into grpcio's server module (a call's state, its receive callback, the token that counts it, how it
 sends a status) as grpcio 1.76 to 1.85 have them. `SUPPORTED` checks that shape at import; where it differs, every
 call takes grpcio's own way, unchanged. `streams` tells a call whose responses stream by the function grpcio runs
-it with (the pool gives streams threads of their own); where grpcio has none of that name, no call is one.
+it with, and `method` the method a call is to (the pool gives each kind threads of its own); where grpcio differs,
+no call is a stream, and none has a method.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any, Final
 from grpc import _server as _grpc  # private: see the module's description
 from grpc._cython import cygrpc  # type: ignore[attr-defined]  # grpcio ships no types for its core
 
-__all__ = ["SUPPORTED", "answer", "defer", "streams"]
+__all__ = ["SUPPORTED", "answer", "defer", "method", "streams"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,16 @@ def streams(args: tuple[Any, ...]) -> bool:
     """Whether `args`, those grpcio submits a call with, are a call whose responses stream (it holds its thread as
     long as it is open); False for any other call, and for every call where grpcio's server module differs."""
     return _STREAM_RESPONSES is not None and bool(args) and args[0] is _STREAM_RESPONSES
+
+
+def method(args: tuple[Any, ...]) -> str | None:
+    """The method (`/service/method`) of the call grpcio submits with `args`; None where they hold none."""
+    event = args[1] if len(args) > 1 else None
+    name = getattr(getattr(event, "call_details", None), "method", None)
+    if name:  # a call found by a generic handler: the method as the client named it
+        return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    tag = getattr(event, "tag", None)  # a registered method's call: grpcio asked for it by the method's name
+    return tag if isinstance(tag, str) else None
 
 
 def defer(args: tuple[Any, ...], hand: Callable[[tuple[Any, ...], Any], None]) -> bool:

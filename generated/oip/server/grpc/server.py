@@ -20,9 +20,9 @@ uvloop's. So the port is served by `grpc.server` and its threads, and each call 
   holds the stream, not the server's memory). A call the client cancels cancels its coroutine.
 
 Each call holds a thread of the pool while it runs (a unary call from when its request has arrived: `arrival`), a
-stream for its whole life: `Settings.grpc_threads` bounds the calls served at once, and the streams open at once
-besides, on threads of their own (more wait for a thread of their kind). The pool hands each call to the thread
-that went idle last (`pool.WarmPool`).
+stream for its whole life: `Settings.grpc_threads` bounds the unary inference calls served at once, the streams
+open at once and the other calls (health, metadata...) served at once, each kind on threads of its own (more wait
+for a thread of their kind). The pool hands each call to the thread that went idle last (`pool.WarmPool`).
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def threaded_server(
         quick = quick_ways.get(behavior)
         return quick is not None and quick.answers_here(request, pairs, respond)
 
-    pool = WarmPool(threads, "oip-grpc", initializer, answers_here)
+    inference = [f"/{service}/{name}" for name in fast]  # unary inference: threads apart from the other calls'
+    pool = WarmPool(threads, "oip-grpc", initializer, answers_here, inference=inference)
     server = grpc.server(pool, options=options)  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
     server.add_registered_method_handlers(service, sync)

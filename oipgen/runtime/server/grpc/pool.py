@@ -9,11 +9,13 @@ stay warm and the others sleep. What a call may do is unchanged: as many calls r
 threads, started as they are needed and kept; a call that finds every thread busy waits in arrival order. A
 unary call is given to a thread only once its request has arrived (`arrival`).
 
-A stream holds its thread for as long as it is open, idle or not, so streams have threads of their own: as many
-streams as calls may be open at once (`max_streams`), and the calls that are not streams (health, metadata,
-inference) never wait behind them. Without it, as many idle streams as threads (clients that keep one open, as
-tritonclient's `start_stream` does) left no thread to any other call: a health check waited until its deadline.
-A stream beyond its limit waits for one to end, and the log says so once a minute.
+Calls of three kinds have threads of their own, so that no kind waits behind another (as Triton handles inference
+and the other calls apart): unary inference (the methods named `inference`), streams, and every other call
+(health, metadata, configuration, statistics, the repository, shared memory). A stream holds its thread for as
+long as it is open, idle or not: without this, as many idle streams as threads (clients that keep one open, as
+tritonclient's `start_stream` does) left no thread to any other call, and as many calls to a slow model did the
+same, so that a health check waited until its deadline. Each kind may run `max_workers` calls at once (streams
+`max_streams`); one beyond waits for a call of its kind to end, and for streams the log says so once a minute.
 
 What `submit` returns is the call's `Call`: its outcome, and the one thing grpcio asks of it (a callback once it is
 over, by which grpcio counts the calls it runs). `concurrent.futures.Future` would serve, but makes a condition
@@ -37,7 +39,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import CancelledError
 from typing import Any, Final
 
@@ -52,8 +54,10 @@ _RUNNING: Final = 1
 _DONE: Final = 2  # finished, with its result or its exception
 _CANCELLED: Final = 3  # never ran (the pool shut down first)
 
-_CALL: Final = 0  # the kinds of call, each with its own limit: any call but a stream
+_CALL: Final = 0  # the kinds of call, each with its threads: unary inference (any unary call without `inference`)
 _STREAM: Final = 1  # a call whose responses stream (`arrival.streams`): it holds its thread while open
+_OTHER: Final = 2  # a unary call to a method not named in `inference` (health, metadata...)
+_KINDS: Final = (_CALL, _OTHER, _STREAM)
 _WAIT_WARNING_SECONDS: Final = 60.0
 
 
@@ -165,20 +169,23 @@ class _Worker:
 
 class WarmPool:
     """An executor for grpcio's server of at most `max_workers` calls at once, and besides them `max_streams`
-    streams (default: as many; see the module's description): `submit` (which returns a `Call`, where
+    streams (default: as many), and, when `inference` names the unary methods of inference (`/service/method`),
+    `max_workers` calls to the others (see the module's description): `submit` (which returns a `Call`, where
     `concurrent.futures.Executor` returns a future) and `shutdown` as an executor has them."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "",
                  initializer: Callable[[], None] | None = None,
-                 answers_here: AnswersHere | None = None, max_streams: int | None = None) -> None:
+                 answers_here: AnswersHere | None = None, max_streams: int | None = None,
+                 inference: Collection[str] | None = None) -> None:
         if max_workers < 1 or (max_streams is not None and max_streams < 1):
             raise ValueError("max_workers and max_streams must be at least 1")
-        self._limits = (max_workers, max_workers if max_streams is None else max_streams)  # by kind
-        self._running = [0, 0]  # calls running, by kind
+        self._limits = (max_workers, max_workers if max_streams is None else max_streams, max_workers)  # by kind
+        self._running = [0, 0, 0]  # calls running, by kind
+        self._inference = None if inference is None else frozenset(inference)
         self._prefix = thread_name_prefix or f"WarmPool-{id(self):x}"
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # a stack: the last to go idle is the first handed a call
-        self._backlogs: tuple[deque[_Item], deque[_Item]] = (deque(), deque())  # calls waiting for a thread, by kind
+        self._backlogs: tuple[deque[_Item], ...] = (deque(), deque(), deque())  # calls waiting for a thread, by kind
         self._warned = -_WAIT_WARNING_SECONDS  # when the log last said that streams wait (`time.monotonic`)
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -193,8 +200,12 @@ class WarmPool:
         call = Call()
         if args and arrival.defer(args, lambda given, request: self._arrived((call, fn, given, kwargs), request)):
             return call  # handed to a thread once its request is in
-        self._hand((call, fn, args, kwargs), _STREAM if arrival.streams(args) else _CALL)
+        self._hand((call, fn, args, kwargs), _STREAM if arrival.streams(args) else self._unary(args))
         return call
+
+    def _unary(self, args: tuple[Any, ...]) -> int:
+        """The kind of a unary call, from the arguments grpcio submits it with."""
+        return _CALL if self._inference is None or arrival.method(args) in self._inference else _OTHER
 
     def _arrived(self, item: _Item, request: Any) -> None:
         """A unary call whose request has arrived (None: the client sent none): answered without a thread when
@@ -223,7 +234,7 @@ class WarmPool:
                 inside = False
             if taken:
                 return
-        self._hand(item)
+        self._hand(item, self._unary(item[2]))
 
     def _hand(self, item: _Item, kind: int = _CALL) -> None:
         """Give `item` to the thread that went idle last, a new thread, or, when as many calls of its kind run as
@@ -263,7 +274,7 @@ class WarmPool:
             item = None  # nothing of a finished call is kept while the thread sleeps
             with self._lock:
                 self._running[worker.kind] -= 1
-                for kind in (_CALL, _STREAM):  # the next call waiting whose kind is under its limit
+                for kind in _KINDS:  # the next call waiting whose kind is under its limit
                     if self._backlogs[kind] and self._running[kind] < self._limits[kind]:
                         self._running[kind] += 1
                         item, worker.kind = self._backlogs[kind].popleft(), kind

@@ -152,8 +152,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--grpc-port", type=_port, default=defaults.grpc_port, metavar="PORT",
                    help="gRPC port; 0 picks a free one, 'off' serves no gRPC (default: %(default)s)")
     p.add_argument("--grpc-threads", type=_positive, default=defaults.grpc_threads, metavar="N",
-                   help="gRPC calls served at once, a thread each, and as many streams open at once besides, "
-                        "each holding a thread of its own while open (default: %(default)s)")
+                   help="gRPC inference calls served at once, a thread each; as many streams open at once (a "
+                        "stream holds its thread while open), and as many other calls, on threads of their own "
+                        "(default: %(default)s)")
     p.add_argument("--grpc-thread-scheduling", choices=GRPC_THREAD_SCHEDULING, default=defaults.grpc_thread_scheduling,
                    help="the gRPC threads' scheduling policy on Linux (and the gRPC batch timer's): 'batch' "
                         "(SCHED_BATCH: a woken thread waits for the running one rather than preempting it) or "
