@@ -107,8 +107,7 @@ def test_calls_to_a_slow_model_do_not_hold_up_health_and_metadata(tmp_path: Path
                 deadline = threading.Event()
                 deadline.wait(0.5)  # the calls are in, and hold the threads of inference
                 assert not any(call.done() for call in calls)
-                assert_the_other_calls_are_answered(clients[4])
-                assert not any(call.done() for call in calls)  # answered while they were running
+                assert_the_other_calls_are_answered(clients[4])  # each within QUICK: none waited for them
                 for call in calls:
                     assert (call.result(TIMEOUT).as_numpy("OUTPUT0") == x).all()
         finally:
