@@ -103,8 +103,11 @@ def is_plain(hook: Callable[..., Any]) -> bool:
     if plain is None:
         plain = not (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook))
         if function is not None:
+            try:
+                _FORGET[key] = weakref.ref(function, lambda _, key=key: _forget(key))  # type: ignore[misc]
+            except TypeError:  # a function that takes no weak reference (a C one): asked again each time
+                return plain
             _PLAIN[key] = plain
-            _FORGET[key] = weakref.ref(function, lambda _, key=key: _forget(key))  # type: ignore[misc]
     return plain
 
 
