@@ -222,4 +222,3 @@ def test_generated_client_streams(server: Server) -> None:
         assert [r.as_numpy("OUT").tolist() for r in decoupled[:3]] == [[4], [5], [6]]
         assert [r.parameters["triton_final_response"] for r in decoupled] == [False, False, False, True]
         assert decoupled[3].names == []
-

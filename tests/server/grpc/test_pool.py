@@ -331,7 +331,7 @@ def _stream(release: threading.Event, seen: list[str]) -> Any:
 
 def test_streams_have_threads_of_their_own_and_wait_for_each_other_not_for_calls(
         caplog: pytest.LogCaptureFixture) -> None:
-    pool = WarmPool(1, "test-pool", max_streams=2)
+    pool = WarmPool(2, "test-pool")
     try:
         release = threading.Event()
         started: list[str] = []

@@ -14,8 +14,8 @@ and the other calls apart): unary inference (the methods named `inference`), str
 (health, metadata, configuration, statistics, the repository, shared memory). A stream holds its thread for as
 long as it is open, idle or not: without this, as many idle streams as threads (clients that keep one open, as
 tritonclient's `start_stream` does) left no thread to any other call, and as many calls to a slow model did the
-same, so that a health check waited until its deadline. Each kind may run `max_workers` calls at once (streams
-`max_streams`); one beyond waits for a call of its kind to end, and for streams the log says so once a minute.
+same, so that a health check waited until its deadline. Each kind may run `max_workers` calls at once; one beyond
+waits for a call of its kind to end, and for streams the log says so once a minute.
 
 What `submit` returns is the call's `Call`: its outcome, and the one thing grpcio asks of it (a callback once it is
 over, by which grpcio counts the calls it runs). `concurrent.futures.Future` would serve, but makes a condition
@@ -168,18 +168,17 @@ class _Worker:
 
 
 class WarmPool:
-    """An executor for grpcio's server of at most `max_workers` calls at once, and besides them `max_streams`
-    streams (default: as many), and, when `inference` names the unary methods of inference (`/service/method`),
-    `max_workers` calls to the others (see the module's description): `submit` (which returns a `Call`, where
-    `concurrent.futures.Executor` returns a future) and `shutdown` as an executor has them."""
+    """An executor for grpcio's server of at most `max_workers` calls at once, and besides them as many streams,
+    and, when `inference` names the unary methods of inference (`/service/method`), as many calls to the others
+    (see the module's description): `submit` (which returns a `Call`, where `concurrent.futures.Executor` returns a
+    future) and `shutdown` as an executor has them."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "",
                  initializer: Callable[[], None] | None = None,
-                 answers_here: AnswersHere | None = None, max_streams: int | None = None,
-                 inference: Collection[str] | None = None) -> None:
-        if max_workers < 1 or (max_streams is not None and max_streams < 1):
-            raise ValueError("max_workers and max_streams must be at least 1")
-        self._limits = (max_workers, max_workers if max_streams is None else max_streams, max_workers)  # by kind
+                 answers_here: AnswersHere | None = None, inference: Collection[str] | None = None) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        self._max = max_workers  # calls running at once, of each kind
         self._running = [0, 0, 0]  # calls running, by kind
         self._inference = None if inference is None else frozenset(inference)
         self._prefix = thread_name_prefix or f"WarmPool-{id(self):x}"
@@ -243,7 +242,7 @@ class WarmPool:
             if self._closed:
                 item[0].cancel()
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            if self._running[kind] >= self._limits[kind]:
+            if self._running[kind] >= self._max:
                 self._backlogs[kind].append(item)
                 if kind == _STREAM:
                     self._streams_wait()
@@ -275,7 +274,7 @@ class WarmPool:
             with self._lock:
                 self._running[worker.kind] -= 1
                 for kind in _KINDS:  # the next call waiting whose kind is under its limit
-                    if self._backlogs[kind] and self._running[kind] < self._limits[kind]:
+                    if self._backlogs[kind] and self._running[kind] < self._max:
                         self._running[kind] += 1
                         item, worker.kind = self._backlogs[kind].popleft(), kind
                         break
@@ -293,7 +292,7 @@ class WarmPool:
         if now - self._warned >= _WAIT_WARNING_SECONDS:
             self._warned = now
             log.warning("%d gRPC stream(s) wait for a thread: %d are open, the most at once (--grpc-threads); each "
-                        "waits until one ends", len(self._backlogs[_STREAM]), self._limits[_STREAM])
+                        "waits until one ends", len(self._backlogs[_STREAM]), self._max)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; the idle threads end, the busy ones once the backlog is done (cancelled first with
