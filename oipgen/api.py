@@ -137,6 +137,7 @@ class RestEndpoint:
     tags: tuple[str, ...] = ()
 
     events: bool = False  # the 200 answer is `text/event-stream`: one event per response, each a `response` body
+    grpc_health: bool = False  # x-oip-grpc-health: the standard gRPC health service answers what this one does
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,9 @@ class _Checker:
                     if not is_safe_identifier(p.field):
                         self.rest(f"paths/{ep.path}/{ep.method.lower()}",
                                   f"path parameter {p.name!r}: x-oip-field {p.field!r} is not a safe identifier")
+                if ep.grpc_health:
+                    self.rest(f"paths/{ep.path}/{ep.method.lower()}",
+                              "x-oip-grpc-health marks an operation that has no gRPC form")
 
     def operations(self) -> None:
         rpc_names = {r.name for r in self.api.rpcs}
@@ -134,6 +137,14 @@ class _Checker:
                     f = response.field(ep.health) if response else None
                     if f is None or f.kind != "bool" or f.repeated:
                         self.rest(where, f"x-oip-health names {ep.health!r}, not a bool field of {rpc.response}")
+                if ep.grpc_health and (ep.health is None or rpc.client_streaming or rpc.server_streaming
+                                       or (request is not None and request.fields)):
+                    self.rest(where, "x-oip-grpc-health marks the server's own health: a unary RPC that takes no "
+                                     "argument and answers a health boolean (x-oip-health)")
+        marked = [op.rpc.name for op in self.api.operations if any(ep.grpc_health for ep in op.rest)]
+        if len(marked) > 1:
+            self.rest("paths", f"x-oip-grpc-health marks {len(marked)} operations ({', '.join(marked)}); the gRPC "
+                               "health service answers from one")
 
     # -- schemas ----------------------------------------------------------------------------------------------
     def path_fields(self, schema: Schema) -> set[str]:

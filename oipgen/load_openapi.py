@@ -230,6 +230,10 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, _Found], ...]:
             kinds = (_JSON,) if isinstance(rpc, str) else (_JSON, _EVENTS)
             response_name = r.schema_name(ok, where + "/responses/200", kinds) if ok else None
             events = isinstance(ok, dict) and _EVENTS in (ok.get("content") or {})
+            grpc_health = op.get("x-oip-grpc-health", False)
+            if not isinstance(grpc_health, bool):
+                r.problem(where, "x-oip-grpc-health must be true or false")
+                grpc_health = False
             out.append(
                 (
                     str(rpc if isinstance(rpc, str) else operation),
@@ -246,6 +250,7 @@ def _endpoints(r: _Reader) -> tuple[tuple[str, _Found], ...]:
                         description=str(op.get("description", "")),
                         tags=tuple(str(t) for t in op.get("tags") or ()),
                         events=events,
+                        grpc_health=grpc_health,
                     ), not isinstance(rpc, str)),
                 )
             )

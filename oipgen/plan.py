@@ -163,6 +163,8 @@ class Plan:
     infer_request: str  # full message names of the unary inference RPC
     infer_response: str
     infer_rpc: str  # its name
+    # The operation the standard gRPC health service answers from (x-oip-grpc-health): the server's readiness.
+    grpc_health: OperationPlan | None = None
 
     def operation(self, name: str) -> OperationPlan:
         for op in self.operations:
@@ -281,5 +283,6 @@ def make_plan(api: Api) -> Plan:
         for tag in api.tags if tag.extension
     )
     proto_modules = tuple(dict.fromkeys(name.removesuffix(".proto") for name in api.proto_files))
+    grpc_health = next((op for op in operations if any(ep.grpc_health for ep in op.rest)), None)
     return Plan(tuple(operations), tuple(rest_operations), proto_modules, extensions, parameters, infer.request,
-                infer.response, infer.name)
+                infer.response, infer.name, grpc_health)

@@ -23,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from conftest import ROOT
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
@@ -795,3 +797,32 @@ def test_triton_serves_every_workload(triton: servers.Running) -> None:
             counted = servers.inference_count(triton)
         assert counted - before == result["completed"], result  # type: ignore[operator]
     assert servers.log_bytes(triton) == logged
+
+
+def _health(target: str, service: str) -> tuple[str, str]:
+    """gRPC's own health client asking `target` about `service`: Check's serving status (or its error code, and
+    then "") and Watch's first answer ("OK") or error code."""
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code().name, ""
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        try:
+            next(iter(stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=10)))
+            watch = "OK"
+        except grpc.RpcError as exc:
+            watch = exc.code().name
+        return status, watch
+
+
+def test_the_standard_grpc_health_service_answers_as_triton_s(ours: servers.Running,
+                                                              triton: servers.Running) -> None:
+    """Both servers, ready, answer gRPC's standard health `Check` SERVING for the whole server and the protocol's
+    service, and refuse `Watch` UNIMPLEMENTED. One difference, on purpose (docs/server.md): Triton answers every
+    service name alike, oipgen only those it serves (NOT_FOUND otherwise, as the health protocol asks)."""
+    for service in ("", "inference.GRPCInferenceService"):
+        assert _health(ours.grpc, service) == _health(triton.grpc, service) == ("SERVING", "UNIMPLEMENTED")
+    assert _health(triton.grpc, "nope") == ("SERVING", "UNIMPLEMENTED")
+    assert _health(ours.grpc, "nope") == ("NOT_FOUND", "")

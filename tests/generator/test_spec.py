@@ -155,6 +155,15 @@ def _data_type_mismatch(spec: Path) -> None:
     _edit_openapi(spec, edit)
 
 
+def _grpc_health_on(path: str, method: str = "get", value: object = True) -> Callable[[Path], None]:
+    """x-oip-grpc-health set to `value` on the operation `method` `path`."""
+    def change(spec: Path) -> None:
+        def edit(doc: dict) -> None:  # type: ignore[type-arg]
+            doc["paths"][path][method]["x-oip-grpc-health"] = value
+        _edit_openapi(spec, edit)
+    return change
+
+
 BROKEN = {
     "rpc-and-operation": (_rpc_and_operation, "openapi.yaml", "not both"),
     "unlisted-rest-only-operation": (_unlisted_operation, "openapi.yaml",
@@ -174,6 +183,17 @@ BROKEN = {
     "datatype-mismatch": (_datatype_mismatch, "openapi.yaml", "differs from datatypes.yaml"),
     "data-type-mismatch": (_data_type_mismatch, "openapi.yaml",
                            "data element types differ from datatypes.yaml for INT64 (schema None, table integer)"),
+    # The standard gRPC health service answers from one argument-less unary operation with a health boolean.
+    "grpc-health-twice": (_grpc_health_on("/v2/health/live"), "openapi.yaml",
+                          "x-oip-grpc-health marks 2 operations (ServerLive, ServerReady)"),
+    "grpc-health-with-arguments": (_grpc_health_on("/v2/models/{model_name}/ready"), "openapi.yaml",
+                                   "x-oip-grpc-health marks the server's own health"),
+    "grpc-health-without-health": (_grpc_health_on("/v2"), "openapi.yaml",
+                                   "x-oip-grpc-health marks the server's own health"),
+    "grpc-health-rest-only": (_grpc_health_on("/v2/models/{model_name}/generate", "post"), "openapi.yaml",
+                              "x-oip-grpc-health marks an operation that has no gRPC form"),
+    "grpc-health-not-a-bool": (_grpc_health_on("/v2/health/ready", value="yes"), "openapi.yaml",
+                               "x-oip-grpc-health must be true or false"),
 }
 
 

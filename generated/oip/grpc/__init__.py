@@ -8,6 +8,7 @@
 - `grpc_service_pb2`: messages of grpc_service.proto
 - `grpc_service_pb2_grpc`: `GRPCInferenceServiceStub` (client), `GRPCInferenceServiceServicer` (server base)
   and `add_GRPCInferenceServiceServicer_to_server`.
+- `health_pb2`: messages of the standard gRPC health service (`grpc.health.v1`), which the server offers too
 
 Descriptors live in this package's own pool (`_pool.POOL`), not protobuf's default pool.
 """

@@ -91,7 +91,7 @@ def test_an_unknown_policy_is_refused() -> None:
     loop = asyncio.new_event_loop()
     try:
         with pytest.raises(ValueError, match="must be one of batch, normal, got 'Batch'"):
-            threaded_server("inference.GRPCInferenceService", {}, {}, loop, 1, [], "Batch")
-        assert threaded_server("inference.GRPCInferenceService", {}, {}, loop, 1, [], "normal") is not None
+            threaded_server({"inference.GRPCInferenceService": {}}, {}, loop, 1, [], "Batch")
+        assert threaded_server({"inference.GRPCInferenceService": {}}, {}, loop, 1, [], "normal") is not None
     finally:
         loop.close()

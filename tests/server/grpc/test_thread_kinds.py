@@ -12,8 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serving import TIMEOUT, build_repository, running
 
 QUICK = 2.0  # seconds: a call that waited for a thread would wait until its deadline
@@ -46,11 +48,14 @@ class Collector:
         return True
 
 
-def assert_the_other_calls_are_answered(client: grpcclient.InferenceServerClient) -> None:
+def assert_the_other_calls_are_answered(client: grpcclient.InferenceServerClient, target: str) -> None:
     assert client.is_server_live(client_timeout=QUICK) and client.is_server_ready(client_timeout=QUICK)
     assert client.get_server_metadata(client_timeout=QUICK).name
     assert client.get_model_metadata("simple", client_timeout=QUICK).name == "simple"
     assert client.get_model_repository_index(client_timeout=QUICK).models
+    with grpc.insecure_channel(target) as channel:  # the standard health service, as a probe asks it
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=QUICK)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_idle_streams_do_not_hold_up_other_calls_and_streams_over_the_limit_wait_their_turn(tmp_path: Path) -> None:
@@ -69,7 +74,7 @@ def test_idle_streams_do_not_hold_up_other_calls_and_streams_over_the_limit_wait
             answered = [i for i, collector in enumerate(collectors) if collector.answered_within(1.0)]
             assert len(answered) == 2, answered  # two streams are served, three wait
             other = clients[5]
-            assert_the_other_calls_are_answered(other)
+            assert_the_other_calls_are_answered(other, server.target)
             reply = other.infer("simple", simple_inputs(), client_timeout=QUICK)
             assert (reply.as_numpy("OUTPUT0") == A + B).all()
             for i in answered:  # the served streams go on being served
@@ -86,7 +91,8 @@ def test_idle_streams_do_not_hold_up_other_calls_and_streams_over_the_limit_wait
 
 def test_calls_to_a_slow_model_do_not_hold_up_health_and_metadata(tmp_path: Path) -> None:
     """With `--grpc-threads 2`, four calls to a model that takes SLOW seconds hold the two threads of inference
-    (two wait for them); health, metadata and the repository index are answered at once all the while."""
+    (two wait for them); health (the protocol's and the standard gRPC health service), metadata and the repository
+    index are answered at once all the while."""
     repository = build_repository(tmp_path / "models", extra=("slow",), only=("simple",))
     with running(repository, tmp_path / "run", "--grpc-threads", "2", "--model-threads", "4",
                  ready=["simple", "slow"]) as server:
@@ -107,7 +113,7 @@ def test_calls_to_a_slow_model_do_not_hold_up_health_and_metadata(tmp_path: Path
                 deadline = threading.Event()
                 deadline.wait(0.5)  # the calls are in, and hold the threads of inference
                 assert not any(call.done() for call in calls)
-                assert_the_other_calls_are_answered(clients[4])  # each within QUICK: none waited for them
+                assert_the_other_calls_are_answered(clients[4], server.target)  # each within QUICK: none waited
                 for call in calls:
                     assert (call.result(TIMEOUT).as_numpy("OUTPUT0") == x).all()
         finally:

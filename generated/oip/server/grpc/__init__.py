@@ -3,8 +3,8 @@
 # ruff: noqa
 # isort: skip_file
 """The gRPC transport: grpcio's thread pool server (`server`), the servicer's machinery (`servicer`), the gRPC
-form of inference (`infer_codec`), and unary inference wholly in the gRPC thread (`in_thread`: the general way,
-and the lean way of the common request).
+form of inference (`infer_codec`), unary inference wholly in the gRPC thread (`in_thread`: the general way, and
+the lean way of the common request), and the standard gRPC health service beside the protocol's (`health`).
 
 It decodes requests, calls the data plane (`core`) and encodes its answers; every rule of the protocol lives in
 the data plane. It imports `core`, `observe` and the server's vocabulary (`errors`, `types`, `settings`).

@@ -42,6 +42,7 @@ import grpc.aio
 from ..core.pipeline import Pipeline
 from ..observe.metrics import Metrics
 from ..settings import GRPC_THREAD_SCHEDULING
+from .health import HealthServicer
 from .in_thread import NOT_HERE, InThread, in_thread
 from .pool import WarmPool
 from .servicer import ServicerBase, method_handlers, observer, status
@@ -267,51 +268,54 @@ def _batch_scheduling() -> None:
 
 
 def threaded_server(
-    service: str,
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]],
+    services: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]],
     fast: dict[str, InThread],
     loop: asyncio.AbstractEventLoop,
     threads: int,
     options: list[tuple[str, Any]],
     scheduling: str = "normal",
 ) -> grpc.Server:
-    """A synchronous server of `service` whose calls run `handlers` (grpc.aio behaviours: coroutines, async
-    generators) on `loop`, except what the `fast` handlers (by method name) answer in the gRPC thread (the
-    polling thread itself, for a call it `answers_here`: one that never waits); with `scheduling` "batch", its
-    threads run under SCHED_BATCH (`_batch_scheduling`); ValueError for a policy that is neither "batch" nor
-    "normal"."""
+    """A synchronous server of `services` (by full name: their handlers by method name) whose calls run the
+    handlers (grpc.aio behaviours: coroutines, async generators) on `loop`, except what the `fast` handlers (by
+    method path, `/service/method`) answer in the gRPC thread (the polling thread itself, for a call it
+    `answers_here`: one that never waits); with `scheduling` "batch", its threads run under SCHED_BATCH
+    (`_batch_scheduling`); ValueError for a policy that is neither "batch" nor "normal"."""
     if scheduling not in GRPC_THREAD_SCHEDULING:
         raise ValueError(f"the gRPC threads' scheduling must be one of {', '.join(GRPC_THREAD_SCHEDULING)}, "
                          f"got {scheduling!r}")
     bridge = _Bridge(loop)
-    sync: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     quick_ways: dict[Any, InThread] = {}  # by unary handler: what answers its call without a pool thread
-    for name, handler in handlers.items():
-        wire = {"request_deserializer": handler.request_deserializer,
-                "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            quick = fast.get(name)
-            handle = _unary_unary(bridge, handler.unary_unary, quick.handle if quick is not None else None)
-            if quick is not None:
-                quick_ways[handle] = quick
-            sync[name] = grpc.unary_unary_rpc_method_handler(handle, **wire)
-        elif handler.unary_stream is not None:
-            sync[name] = grpc.unary_stream_rpc_method_handler(_unary_stream(bridge, handler.unary_stream), **wire)
-        elif handler.stream_unary is not None:
-            sync[name] = grpc.stream_unary_rpc_method_handler(_stream_unary(bridge, handler.stream_unary), **wire)
-        elif handler.stream_stream is not None:
-            sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream), **wire)
+    served: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
+    for service, handlers in services.items():
+        sync = served[service] = {}
+        for name, handler in handlers.items():
+            wire = {"request_deserializer": handler.request_deserializer,
+                    "response_serializer": handler.response_serializer}
+            if handler.unary_unary is not None:
+                quick = fast.get(f"/{service}/{name}")
+                handle = _unary_unary(bridge, handler.unary_unary, quick.handle if quick is not None else None)
+                if quick is not None:
+                    quick_ways[handle] = quick
+                sync[name] = grpc.unary_unary_rpc_method_handler(handle, **wire)
+            elif handler.unary_stream is not None:
+                sync[name] = grpc.unary_stream_rpc_method_handler(_unary_stream(bridge, handler.unary_stream), **wire)
+            elif handler.stream_unary is not None:
+                sync[name] = grpc.stream_unary_rpc_method_handler(_stream_unary(bridge, handler.stream_unary), **wire)
+            elif handler.stream_stream is not None:
+                sync[name] = grpc.stream_stream_rpc_method_handler(_stream_stream(bridge, handler.stream_stream),
+                                                                   **wire)
     initializer = _batch_scheduling if scheduling == "batch" else None
 
     def answers_here(behavior: Any, request: Any, pairs: Any, respond: Callable[..., None]) -> bool:
         quick = quick_ways.get(behavior)
         return quick is not None and quick.answers_here(request, pairs, respond)
 
-    inference = [f"/{service}/{name}" for name in fast]  # unary inference: threads apart from the other calls'
-    pool = WarmPool(threads, "oip-grpc", initializer, answers_here, inference=inference)
+    # Unary inference (the `fast` methods) has threads apart from the other calls'.
+    pool = WarmPool(threads, "oip-grpc", initializer, answers_here, inference=list(fast))
     server = grpc.server(pool, options=options)  # type: ignore[arg-type]
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
-    server.add_registered_method_handlers(service, sync)
+    for service, sync in served.items():
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, sync),))
+        server.add_registered_method_handlers(service, sync)
     return server
 
 
@@ -322,7 +326,8 @@ def create_server(
     """The gRPC server answering every RPC of `servicer`'s service from its data plane: grpcio's thread pool
     server; with `pipeline` (the data plane's), unary inference on a model that allows it runs wholly in the gRPC
     thread, everything else as the servicer's coroutines on `loop` (default: the running one: call from the event
-    loop); `metrics` counts every answer. Bind it with `add_insecure_port`.
+    loop); `metrics` counts every answer. Beside it, the standard gRPC health service (`health`), when the spec
+    marks the operation it answers from. Bind it with `add_insecure_port`.
 
     Messages are limited to `settings.max_request_bytes` each way (larger ones: RESOURCE_EXHAUSTED), metadata to
     `settings.http_max_header_bytes` (a call with more is refused, RESOURCE_EXHAUSTED), and a port
@@ -331,9 +336,13 @@ def create_server(
     settings = servicer.settings
     limit = settings.max_request_bytes
     observe = observer(servicer.service, metrics, settings.access_log)
-    handlers = method_handlers(servicer, observe)
+    services = {servicer.service: method_handlers(servicer, observe)}
+    if servicer.grpc_health:
+        health = HealthServicer(servicer)
+        services[health.service] = method_handlers(health, observer(health.service, metrics, settings.access_log))
     fast = {} if pipeline is None else {
-        rpc.name: in_thread(pipeline, settings, servicer.infer, rpc.name, observe, servicer.tracing)
+        f"/{servicer.service}/{rpc.name}": in_thread(pipeline, settings, servicer.infer, rpc.name, observe,
+                                                     servicer.tracing)
         for rpc in servicer.rpcs if rpc.fast
     }
     options = [
@@ -345,5 +354,5 @@ def create_server(
         ("grpc.max_metadata_size", settings.http_max_header_bytes),
         ("grpc.absolute_max_metadata_size", settings.http_max_header_bytes),
     ]
-    return threaded_server(servicer.service, handlers, fast, loop or asyncio.get_running_loop(),
-                           settings.grpc_threads, options, settings.grpc_thread_scheduling)
+    return threaded_server(services, fast, loop or asyncio.get_running_loop(), settings.grpc_threads, options,
+                           settings.grpc_thread_scheduling)

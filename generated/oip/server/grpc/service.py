@@ -87,6 +87,11 @@ class Servicer(ServicerBase, grpc_service_pb2_grpc.GRPCInferenceServiceServicer)
     service = SERVICE
     rpcs = RPCS
     infer = INFER
+    grpc_health = True
+
+    async def serving(self) -> bool:
+        """The standard gRPC health service's answer (`health`): ServerReady's `ready`."""
+        return (await self.dataplane.server_ready(pb_grpc_service.ServerReadyRequest())).ready
 
     async def ServerLive(self, request: pb_grpc_service.ServerLiveRequest, context: Context) -> pb_grpc_service.ServerLiveResponse:
         """Liveness: whether the server process can take requests at all."""

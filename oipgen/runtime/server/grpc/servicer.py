@@ -92,11 +92,18 @@ class ServicerBase:
     service: ClassVar[str]
     rpcs: ClassVar[tuple[Rpc, ...]]
     infer: ClassVar[InferCodec[Any]]
+    # Whether the spec marks the operation the standard gRPC health service answers from (`serving`).
+    grpc_health: ClassVar[bool] = False
 
     def __init__(self, dataplane: DataPlaneBase, settings: Settings, tracing: bool = False) -> None:
         self.dataplane = dataplane
         self.settings = settings
         self.tracing = tracing  # inference requests carry the caller's trace context (gRPC metadata)
+
+    async def serving(self) -> bool:
+        """Whether the server is ready, for the standard gRPC health service (`health`): the answer of the operation
+        the spec marks `x-oip-grpc-health`, which the subclass asks when `grpc_health`."""
+        raise NotImplementedError("the spec marks no operation x-oip-grpc-health")
 
     async def call(self, operation: Callable[[_Req], Awaitable[_Resp]], request: _Req, context: Context) -> _Resp:
         """An ordinary unary RPC: the data plane's reply to the request message."""
