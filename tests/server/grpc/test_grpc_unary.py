@@ -821,3 +821,26 @@ def test_a_batching_plan_keys_its_requests_as_their_arrays_key_them(form: str) -
     wide = lean.plan(pb.ModelInferRequest(model_name="wide"))
     assert wide is not None and wide.batching and wide.batch_key is None
 
+
+
+def test_a_plan_looked_up_across_an_unload_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gRPC thread that found a model just before it was unloaded (or reloaded), and stores its plan only after
+    the instance was retired, serves its request with it but does not keep the plan: that would hold the retired
+    instance, and everything it holds, until the same name is asked for again."""
+    dp = plane(Quick())
+    lean = dp.pipeline.lean
+    lookup = dp.repository.get
+    found: list[Model] = []
+
+    def found_then_unloaded(name: str, version: str = "") -> Model:
+        model = lookup(name, version)
+        found.append(model)
+        run(dp.repository.unload(name))  # retires it: the repository tells the lean way (`Lean.forget`)
+        return model
+
+    monkeypatch.setattr(dp.repository, "get", found_then_unloaded)
+    assert lean.plan("quick", "") is not None  # this request is served by the instance it found
+    monkeypatch.setattr(dp.repository, "get", lookup)
+    assert found and not any(model is found[0] for model, _ in lean._plans.values())
+    assert lean.plan("quick", "") is None  # unloaded: the general way answers, and refuses
+    assert lean.plan("simple", "") is not None and any(model.name == "simple" for model, _ in lean._plans.values())

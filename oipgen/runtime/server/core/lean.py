@@ -223,10 +223,12 @@ class Lean:
         self.general_finish = finish
         self._plans: dict[tuple[str, str], tuple[Model, Plan | None]] = {}  # by the request's name and version
         self._lock = threading.Lock()
+        self._retired = 0  # instances forgotten so far (`forget`)
 
     def plan(self, name: str, version: str) -> Plan | None:
         """The plan of the model version a request names; None when it is unknown, not ready or not for the lean
         way (the general way answers)."""
+        retired = self._retired
         try:
             model = self.repository.get(name, version)
         except OipError:
@@ -237,15 +239,19 @@ class Lean:
             return known[1]
         plan = Plan(model, self.limit) if Plan.allows(model) else None
         with self._lock:
-            if len(self._plans) > _MAX_PLANS:
-                self._plans.clear()
-            self._plans[key] = (model, plan)
+            # An instance retired since the lookup may be this one (a reload or unload ran meanwhile): its plan
+            # serves this request but is not kept, or it would hold the instance after `forget`.
+            if self._retired == retired:
+                if len(self._plans) > _MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = (model, plan)
         return plan
 
     def forget(self, model: Model) -> None:
         """Drop the plans of `model`, retired (`ModelRepository.on_retired`): requests now find its successor, or
         no model."""
         with self._lock:
+            self._retired += 1
             self._plans = {key: known for key, known in self._plans.items() if known[0] is not model}
 
     def parameters(self, given: Mapping[str, Any]) -> dict[str, Any] | None:
