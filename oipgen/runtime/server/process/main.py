@@ -37,6 +37,7 @@ from .allocator import MMAP_THRESHOLD, tune_allocator
 from .cluster import WorkerRole
 from .grpc_io import GRPC_EXPERIMENTS, MEASURED, grpcio_version, measured
 from .serve import NO_MODELS, serve
+from .sockets import open_files
 from .supervisor import cpu_count, supervise
 
 PACKAGE: Final = __name__.rsplit(".", 3)[0]  # the generated package's name, as vendored
@@ -352,6 +353,8 @@ def dataplane_class(text: str | None) -> type[DataPlane]:
 def _serve_process(args: argparse.Namespace, settings: Settings, worker: WorkerRole | None = None) -> int:
     if tune_allocator():
         log.debug("allocator: buffers up to %d bytes stay on the heap", MMAP_THRESHOLD)
+    if (raised := open_files()) is not None:
+        log.debug("open files: the soft limit is raised from %d to %d, the hard limit", *raised)
     experiments = os.environ.get("GRPC_EXPERIMENTS")
     if experiments == GRPC_EXPERIMENTS:  # `grpc_io.tune_grpc_io`, before grpc was imported
         log.debug("grpc: the polling thread does the socket work (GRPC_EXPERIMENTS=%s)", GRPC_EXPERIMENTS)

@@ -1,5 +1,5 @@
-"""What every server process needs of the operating system, in one place: bound sockets, the ports file, and
-the signals that stop it (the first drains, a second exits at once)."""
+"""What every server process needs of the operating system, in one place: bound sockets, the ports file, the
+signals that stop it (the first drains, a second exits at once), and room for many connections (`open_files`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["Ports", "SignalLatch", "address", "bound_socket", "listening_socket", "write_ports_file"]
+__all__ = ["Ports", "SignalLatch", "address", "bound_socket", "listening_socket", "open_files", "write_ports_file"]
+
+# The most open files `open_files` asks for when the hard limit is unlimited (Linux refuses more than
+# /proc/sys/fs/nr_open, 1,048,576 by default).
+_MOST_FILES: Final = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,32 @@ def listening_socket(host: str, port: int, reuse_port: bool = False, what: str =
     sock.listen(2048)
     sock.set_inheritable(False)
     return sock
+
+
+def open_files() -> tuple[int, int] | None:
+    """Raise this process's soft limit of open files to its hard limit; (before, after), or None when it was there
+    already or cannot be raised (no such limit here, or refused).
+
+    Each connection is a file. The soft limit is often 1,024 (containerd 2 gives containers 1,024 against a hard
+    limit of 524,288), and with it about a thousand clients' connections would take every one: further
+    connections are dropped as soon as they arrive. The soft limit stays low for programs that use select(),
+    whose sets hold descriptors below 1,024 only; this process waits with epoll (asyncio, uvloop, grpcio), so it
+    takes what the hard limit allows, as Go's runtime does for every program. The hard limit stays the operator's
+    bound."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        unlimited = resource.RLIM_INFINITY
+        wanted = _MOST_FILES if hard == unlimited else hard
+        if soft == unlimited or soft >= wanted:  # never lowered
+            return None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (OSError, ValueError):  # refused: the soft limit stays as it was
+        return None
+    return soft, wanted
 
 
 def write_ports_file(path: Path, ports: Ports, workers: Sequence[int | None] | None = None) -> None:
