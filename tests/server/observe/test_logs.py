@@ -1,16 +1,22 @@
-"""The logs of the generated server: the JSON access log, one line per answered request, and a client's request
-id cut to its first 256 characters wherever a line carries it. (The ids of a traced request in its lines:
-test_tracing.)
+"""The logs of the generated server: the JSON access log, one line per answered request, a client's request id
+cut to its first 256 characters wherever a line carries it, and one line per record whatever clients send. (The
+ids of a traced request in its lines: test_tracing.)
 """
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
 
+import grpc
 import pytest
 from observe_models import access_lines
-from serving import Server, build_repository, simple_body, start_server
+from oip.grpc import grpc_service_pb2 as pb
+from serving import TIMEOUT, Server, build_repository, running, simple_body, start_server
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +39,41 @@ def test_a_long_request_id_is_cut_in_the_log(logged: Server) -> None:
     (line,) = access_lines(logged, request_id[:256])
     assert line["request_id"] == request_id[:256]
     assert request_id[:300] not in logged.log_text()
+
+
+FORGED = "2026-01-01 00:00:00,000 INFO    oip.server: FORGED"
+# Line breaks of every kind, and a terminal escape, in what clients send: paths, model names, request ids.
+HOSTILE = ("\n" + FORGED, "\r\n" + FORGED, "\u2028" + FORGED, "\x85" + FORGED, "\x1b[2J\x1b[31mred")
+TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) +[\w.]+: ")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_what_clients_send_cannot_forge_or_steer_log_lines(fmt: str, tmp_path: Path) -> None:
+    """Paths, model names and request ids holding line breaks (\\n, \\r\\n, U+2028, NEL) and terminal escapes,
+    over REST and gRPC, each answered and logged (the access log, at the debug level): every line of the log is
+    one record of the server's (text: it starts with a time and a level; JSON: it is an object), no escape reaches
+    it, and in JSON the client's text comes back whole."""
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    with running(repository, tmp_path, "--access-log", "--log-format", fmt, "--log-level", "debug",
+                 ready=("simple",)) as server, server.clients() as (http, stub):
+        for text in HOSTILE:
+            assert http.post(f"/v2/models/{quote(text)}/infer", json=simple_body()).status_code == 404
+            assert http.post(f"/v2/repository/models/{quote(text)}/load").status_code == 404
+            answer = http.post("/v2/models/simple/infer", json=simple_body(id=text))
+            assert answer.status_code == 200 and answer.json()["id"] == text
+            for method, message in (("ModelInfer", pb.ModelInferRequest(model_name=text)),
+                                    ("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name=text))):
+                with pytest.raises(grpc.RpcError) as caught:
+                    getattr(stub, method)(message, timeout=TIMEOUT)
+                assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+        log = server.log_text()
+    assert "\x1b" not in log
+    lines = log.splitlines()  # str.splitlines breaks at every line separator a reader may
+    if fmt == "text":
+        assert all(TEXT_LINE.match(line) for line in lines), [line for line in lines if not TEXT_LINE.match(line)]
+        assert sum("FORGED" in line for line in lines) >= 4 * 2  # logged, escaped, within the server's lines
+    else:
+        messages = [json.loads(line)["message"] for line in lines]
+        assert any("\n" + FORGED in message for message in messages)
+        assert any("\u2028" + FORGED in message for message in messages)
+    assert not any(line.startswith(FORGED) for line in lines)

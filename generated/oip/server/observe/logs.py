@@ -3,19 +3,56 @@
 # ruff: noqa
 # isort: skip_file
 """The server's log records: every logger's (the server's, uvicorn's, grpc's) to stderr, as text lines or one JSON
-object per line (`--log-format json`), naming the inference request running when a line is written."""
+object per line (`--log-format json`), naming the inference request running when a line is written.
+
+A record is one line, whatever its message quotes: a client's model name, path or header may hold line breaks or
+terminal escapes, and written as they are they would forge log lines of their own or steer the terminal that shows
+them. So the text format writes every control character and line separator of a message escaped, as Python writes
+it in a string (a backslash, then `n`, `x1b` or `u2028`), and the JSON format escapes the line separators JSON
+leaves as they are. An exception's traceback keeps its lines.
+"""
 
 from __future__ import annotations
 
 import datetime
 import json
 import logging
+import re
 import sys
-from typing import Any
+from typing import Any, Final
 
 from . import events, tracing
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "one_line"]
+
+# Control characters (C0 but the tab, DEL, C1) and Unicode's line and paragraph separators.
+_UNSAFE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_JSON_BREAKS: Final = re.compile("[\x85\u2028\u2029]")  # line breaks to some readers, left as they are by JSON
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]
+
+
+def _json_escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters and line separators escaped, as Python writes them in a string: one
+    line, inert."""
+    return _UNSAFE.sub(_escaped, text) if _UNSAFE.search(text) else text
+
+
+class TextFormatter(logging.Formatter):
+    """Time, level, logger and message on one line (the message's control characters escaped: `one_line`)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,7 +83,8 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        line = json.dumps(entry, ensure_ascii=False)
+        return _JSON_BREAKS.sub(_json_escaped, line) if _JSON_BREAKS.search(line) else line
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
@@ -55,7 +93,7 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
