@@ -664,3 +664,15 @@ def test_a_port_in_use_is_named_with_its_host(tmp_path: Path, taken_port: int, w
     assert result.returncode == 1, result.stderr
     assert f"cannot listen for {what} on 127.0.0.1:{taken_port}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("first", "second"), [("--http-port", "--grpc-port"), ("--grpc-port", "--metrics-port"),
+                                               ("--http-port", "--metrics-port")])
+def test_two_listeners_on_one_port_are_refused_before_the_models_load(tmp_path: Path, first: str,
+                                                                      second: str) -> None:
+    ports = {"--http-port": "0", "--grpc-port": "0", "--metrics-port": "0", first: "18999", second: "18999"}
+    root = build_repository(tmp_path / "models", only=("simple",))
+    result = run_serve("--model-repository", str(root), *(x for item in ports.items() for x in item), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"{first} and {second} are both 18999: each listener needs a port of its own" in result.stderr
+    assert "is ready" not in result.stderr and "Traceback" not in result.stderr

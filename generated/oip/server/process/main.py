@@ -296,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         model_control.check(settings)
+        check_ports(settings)
         dataplane_class(args.dataplane)  # each worker imports it again
     except ValueError as exc:
         log.error("%s", exc)
@@ -304,6 +305,20 @@ def run(args: argparse.Namespace) -> int:
     if workers > 1:
         return supervise(args, workers, run_worker)
     return _serve_process(args, settings)
+
+
+def check_ports(settings: Settings) -> None:
+    """ValueError when two listeners are given the same port: said before the models load, and as what it is
+    rather than as the second listener's "address already in use"."""
+    ports = {"--http-port": settings.http_port, "--grpc-port": settings.grpc_port}
+    if settings.metrics:
+        ports["--metrics-port"] = settings.metrics_port
+    taken: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port:  # None: off; 0: a free port, picked for each
+            if port in taken:
+                raise ValueError(f"{taken[port]} and {flag} are both {port}: each listener needs a port of its own")
+            taken[port] = flag
 
 
 def run_worker(args: argparse.Namespace, worker: WorkerRole) -> int:
