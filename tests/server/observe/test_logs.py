@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -77,3 +78,19 @@ def test_what_clients_send_cannot_forge_or_steer_log_lines(fmt: str, tmp_path: P
         assert any("\n" + FORGED in message for message in messages)
         assert any("\u2028" + FORGED in message for message in messages)
     assert not any(line.startswith(FORGED) for line in lines)
+
+
+def test_a_long_path_is_cut_in_the_access_log(logged: Server) -> None:
+    """A path of 30,000 characters (within the header limit) is answered, and its access-log line keeps the
+    path's first 1,000 characters and says how long it was: a client cannot make the log grow as fast as it
+    sends."""
+    path = f"/v2/models/{'p' * 30_000}/infer"
+    with logged.http_client() as http:
+        assert http.post(path, json=simple_body()).status_code == 404
+    deadline = time.monotonic() + TIMEOUT
+    while not (lines := [json.loads(line) for line in logged.log_text().splitlines() if "ppppp" in line]):
+        assert time.monotonic() < deadline, logged.log_tail()
+        time.sleep(0.05)
+    (line,) = lines
+    assert line["path"] == f"{path[:1000]}... ({len(path)} characters)", line["path"][-60:]
+    assert len(line["message"]) < 1200 and f"({len('POST ' + path)} characters)" in line["message"]
