@@ -5,7 +5,9 @@ ids of a traced request in its lines: test_tracing.)
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
 import secrets
 import time
@@ -17,6 +19,7 @@ import grpc
 import pytest
 from observe_models import access_lines
 from oip.grpc import grpc_service_pb2 as pb
+from oip.server.observe.logs import Repeats, TextFormatter
 from serving import TIMEOUT, Server, build_repository, running, simple_body, start_server
 
 
@@ -94,3 +97,34 @@ def test_a_long_path_is_cut_in_the_access_log(logged: Server) -> None:
     (line,) = lines
     assert line["path"] == f"{path[:1000]}... ({len(path)} characters)", line["path"][-60:]
     assert len(line["message"]) < 1200 and f"({len('POST ' + path)} characters)" in line["message"]
+
+
+
+def test_repeats_keep_a_line_per_logger_and_level_a_minute() -> None:
+    """`Repeats` on a handler: the first record of a thinned logger passes, the next ones within the minute are
+    left out (per logger and level), the first after it passes saying how many; other loggers' records all pass."""
+    now = [0.0]
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(Repeats(("opentelemetry",), 60.0, clock=lambda: now[0]))
+    handler.setFormatter(TextFormatter())
+    exporter, other = logging.getLogger("opentelemetry.exporter.test"), logging.getLogger("oip.test_repeats")
+    for logger in (exporter, other):
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        for second in range(0, 125, 5):  # every 5 s for two minutes: a warning of each, an error of the exporter
+            now[0] = float(second)
+            exporter.warning("export failed: %s", second)
+            exporter.error("batch dropped")
+            other.warning("ours: %s", second)
+    finally:
+        for logger in (exporter, other):
+            logger.removeHandler(handler)
+            logger.propagate = True
+    lines = stream.getvalue().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines if "export failed" in line] == [
+        "export failed: 0", "export failed: 60 (and 11 more like it since the last one written)",
+        "export failed: 120 (and 11 more like it since the last one written)"]
+    assert sum("batch dropped" in line for line in lines) == 3
+    assert sum("ours:" in line for line in lines) == 25

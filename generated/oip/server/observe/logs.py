@@ -10,6 +10,10 @@ terminal escapes, and written as they are they would forge log lines of their ow
 them. So the text format writes every control character and line separator of a message escaped, as Python writes
 it in a string (a backslash, then `n`, `x1b` or `u2028`), and the JSON format escapes the line separators JSON
 leaves as they are. An exception's traceback keeps its lines.
+
+Libraries that say the same thing over and over are kept to a line a minute (`Repeats`): OpenTelemetry's exporter
+writes three or four lines for each batch of spans it fails to send (a collector that is down), about thirty a
+minute under load, for as long as it stays down.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ import json
 import logging
 import re
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from . import events, tracing
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "one_line"]
+__all__ = ["REPEATING", "JsonFormatter", "Repeats", "TextFormatter", "configure_logging", "one_line"]
+
+REPEATING: Final = ("opentelemetry",)  # the loggers (and those below them) whose records `Repeats` thins out
 
 # Control characters (C0 but the tab, DEL, C1) and Unicode's line and paragraph separators.
 _UNSAFE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
@@ -53,6 +62,40 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = one_line(record.message)
         return super().formatMessage(record)
+
+
+class Repeats(logging.Filter):
+    """Of the records of the loggers named in `loggers` (and below them), one per logger and level every `seconds`:
+    the first passes, those that follow within `seconds` are counted, and the next one to pass says how many were
+    left out since the last one written. Records of other loggers all pass. `clock`: seconds, monotonic."""
+
+    def __init__(self, loggers: tuple[str, ...] = REPEATING, seconds: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.prefixes = tuple(f"{name}." for name in loggers)
+        self.loggers = frozenset(loggers)
+        self.seconds = seconds
+        self.clock = clock
+        self.last: dict[tuple[str, int], float] = {}  # when a record of (logger, level) last passed
+        self.left_out: dict[tuple[str, int], int] = {}
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if name not in self.loggers and not name.startswith(self.prefixes):
+            return True
+        key, now = (name, record.levelno), self.clock()
+        with self.lock:
+            last = self.last.get(key)
+            if last is not None and now - last < self.seconds:
+                self.left_out[key] = self.left_out.get(key, 0) + 1
+                return False
+            self.last[key] = now
+            left_out = self.left_out.pop(key, 0)
+        if left_out:
+            record.msg = f"{record.getMessage()} (and {left_out} more like it since the last one written)"
+            record.args = None
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -90,6 +133,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
     """Log records of every logger (the server's, uvicorn's, grpc's) to stderr at `level` and above."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(Repeats())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
