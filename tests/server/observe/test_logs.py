@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,31 +101,59 @@ def test_a_long_path_is_cut_in_the_access_log(logged: Server) -> None:
 
 
 
-def test_repeats_keep_a_line_per_logger_and_level_a_minute() -> None:
-    """`Repeats` on a handler: the first record of a thinned logger passes, the next ones within the minute are
-    left out (per logger and level), the first after it passes saying how many; other loggers' records all pass."""
+def test_repeats_keep_a_line_per_message_a_minute() -> None:
+    """`Repeats` on a handler: the first warning or error of a message of a thinned logger passes, the next ones
+    within the minute are left out (per logger, level and message), the first after it passes saying how many;
+    their info lines and other loggers' records all pass, and it remembers a bounded number of messages."""
     now = [0.0]
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.addFilter(Repeats(("opentelemetry",), 60.0, clock=lambda: now[0]))
+    repeats = Repeats(("opentelemetry",), 60.0, clock=lambda: now[0])
+    handler.addFilter(repeats)
     handler.setFormatter(TextFormatter())
     exporter, other = logging.getLogger("opentelemetry.exporter.test"), logging.getLogger("oip.test_repeats")
     for logger in (exporter, other):
         logger.addHandler(handler)
         logger.propagate = False
+        logger.setLevel(logging.INFO)
     try:
-        for second in range(0, 125, 5):  # every 5 s for two minutes: a warning of each, an error of the exporter
+        for second in range(0, 125, 5):  # every 5 s for two minutes
             now[0] = float(second)
             exporter.warning("export failed: %s", second)
+            exporter.warning("queue full")
             exporter.error("batch dropped")
+            exporter.info("retrying")
             other.warning("ours: %s", second)
+        for n in range(5000):  # a library that puts what varies in the message itself
+            exporter.warning(f"failed at {n}")
+        assert len(repeats.last) <= 1000 and len(repeats.left_out) <= 1000
     finally:
         for logger in (exporter, other):
             logger.removeHandler(handler)
             logger.propagate = True
+            logger.setLevel(logging.NOTSET)
     lines = stream.getvalue().splitlines()
     assert [line.split(": ", 1)[1] for line in lines if "export failed" in line] == [
         "export failed: 0", "export failed: 60 (and 11 more like it since the last one written)",
         "export failed: 120 (and 11 more like it since the last one written)"]
-    assert sum("batch dropped" in line for line in lines) == 3
-    assert sum("ours:" in line for line in lines) == 25
+    assert sum("queue full" in line for line in lines) == sum("batch dropped" in line for line in lines) == 3
+    assert sum("retrying" in line for line in lines) == sum("ours:" in line for line in lines) == 25
+
+
+
+def test_malformed_http_requests_do_not_write_a_line_each(tmp_path: Path) -> None:
+    """150 malformed HTTP requests (bytes that are not HTTP, a bad Content-Length, a bad chunk) are each refused
+    400, and the log says so once, not 150 times: a client cannot fill it at the rate it sends."""
+    repository = build_repository(tmp_path / "models", only=("simple",))
+    with running(repository, tmp_path, ready=("simple",)) as server:
+        for _ in range(50):
+            for request in (b"NOT HTTP \x00\x01\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                            b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"ZZZ\r\n"):
+                with socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT) as sock:
+                    sock.sendall(request)
+                    assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
+        with server.http_client() as http:
+            assert http.get("/v2/health/ready").status_code == 200
+        log = server.log_text()
+    assert log.count("Invalid HTTP request received.") == 1, log[-3000:]

@@ -7,9 +7,10 @@ them. So the text format writes every control character and line separator of a 
 it in a string (a backslash, then `n`, `x1b` or `u2028`), and the JSON format escapes the line separators JSON
 leaves as they are. An exception's traceback keeps its lines.
 
-Libraries that say the same thing over and over are kept to a line a minute (`Repeats`): OpenTelemetry's exporter
-writes three or four lines for each batch of spans it fails to send (a collector that is down), about thirty a
-minute under load, for as long as it stays down.
+Libraries' warnings that say the same thing over and over are kept to a line a minute (`Repeats`): OpenTelemetry's
+exporter writes three or four lines for each batch of spans it fails to send (a collector that is down), about
+thirty a minute under load, for as long as it stays down; uvicorn writes one for each malformed HTTP request, as
+many as a client cares to send.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from . import events, tracing
 
 __all__ = ["REPEATING", "JsonFormatter", "Repeats", "TextFormatter", "configure_logging", "one_line"]
 
-REPEATING: Final = ("opentelemetry",)  # the loggers (and those below them) whose records `Repeats` thins out
+# The loggers (and those below them) whose warnings and errors `Repeats` thins out.
+REPEATING: Final = ("opentelemetry", "uvicorn")
+_MOST_MESSAGES: Final = 1000  # messages `Repeats` remembers at once
 
 # Control characters (C0 but the tab, DEL, C1) and Unicode's line and paragraph separators.
 _UNSAFE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
@@ -61,9 +64,10 @@ class TextFormatter(logging.Formatter):
 
 
 class Repeats(logging.Filter):
-    """Of the records of the loggers named in `loggers` (and below them), one per logger and level every `seconds`:
-    the first passes, those that follow within `seconds` are counted, and the next one to pass says how many were
-    left out since the last one written. Records of other loggers all pass. `clock`: seconds, monotonic."""
+    """Of the warnings and errors of the loggers named in `loggers` (and below them), one of each message (logger,
+    level and message before its arguments) every `seconds`: the first passes, those that follow within `seconds`
+    are counted, and the next one to pass says how many were left out since the last one written. Other records
+    all pass. `clock`: seconds, monotonic."""
 
     def __init__(self, loggers: tuple[str, ...] = REPEATING, seconds: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -72,20 +76,25 @@ class Repeats(logging.Filter):
         self.loggers = frozenset(loggers)
         self.seconds = seconds
         self.clock = clock
-        self.last: dict[tuple[str, int], float] = {}  # when a record of (logger, level) last passed
-        self.left_out: dict[tuple[str, int], int] = {}
+        self.last: dict[tuple[str, int, str], float] = {}  # when a record of (logger, level, message) last passed
+        self.left_out: dict[tuple[str, int, str], int] = {}
         self.lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
-        if name not in self.loggers and not name.startswith(self.prefixes):
+        if record.levelno < logging.WARNING or (name not in self.loggers and not name.startswith(self.prefixes)):
             return True
-        key, now = (name, record.levelno), self.clock()
+        key, now = (name, record.levelno, str(record.msg)), self.clock()
         with self.lock:
             last = self.last.get(key)
             if last is not None and now - last < self.seconds:
                 self.left_out[key] = self.left_out.get(key, 0) + 1
                 return False
+            if last is None and len(self.last) >= _MOST_MESSAGES:  # bounded, whatever messages a library makes
+                self.last = {seen: at for seen, at in self.last.items() if now - at < self.seconds}
+                if len(self.last) >= _MOST_MESSAGES:
+                    self.last.clear()
+                self.left_out = {seen: n for seen, n in self.left_out.items() if seen in self.last}
             self.last[key] = now
             left_out = self.left_out.pop(key, 0)
         if left_out:
