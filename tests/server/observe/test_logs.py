@@ -157,3 +157,40 @@ def test_malformed_http_requests_do_not_write_a_line_each(tmp_path: Path) -> Non
             assert http.get("/v2/health/ready").status_code == 200
         log = server.log_text()
     assert log.count("Invalid HTTP request received.") == 1, log[-3000:]
+
+
+FAILS = '''
+from oip.server.model import Model, TensorSpec
+
+
+class Fails(Model):
+    inputs = [TensorSpec("X", "INT32", [1])]
+    outputs = [TensorSpec("Y", "INT32", [1])]
+
+    def infer(self, inputs, parameters):
+        raise ValueError(f"cannot do {int(inputs['X'][0]) % 2}")
+'''
+
+
+def test_a_model_failing_the_same_way_writes_its_traceback_once_a_minute(tmp_path: Path) -> None:
+    """A model that fails every request, two ways (by its input): each client gets its error and the statistics
+    count every failure, but the log has each way's traceback once, not once a request."""
+    repository = tmp_path / "models"
+    (repository / "fails").mkdir(parents=True)
+    (repository / "fails" / "model.toml").write_text('class = "model:Fails"\n')
+    (repository / "fails" / "model.py").write_text(FAILS)
+    with running(repository, tmp_path, ready=("fails",)) as server, server.clients() as (http, stub):
+        for n in range(100):
+            answer = http.post("/v2/models/fails/infer", json={
+                "inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [n]}]})
+            assert answer.status_code == 500 and answer.json() == {"error": f"cannot do {n % 2}"}
+        request = pb.ModelInferRequest(model_name="fails", raw_input_contents=[(7).to_bytes(4, "little")])
+        request.inputs.add(name="X", datatype="INT32", shape=[1])
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=TIMEOUT)
+        assert caught.value.code() is grpc.StatusCode.INTERNAL and caught.value.details() == "cannot do 1"
+        stats = http.get("/v2/models/fails/stats").json()["model_stats"][0]["inference_stats"]
+        assert stats["fail"]["count"] == 101
+        log = server.log_text()
+    assert log.count("model 'fails' version 1 failed") == 2, log[-3000:]
+    assert log.count("ValueError: cannot do 0") == log.count("ValueError: cannot do 1") == 1

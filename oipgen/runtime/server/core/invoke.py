@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ..errors import ModelFailure, OipError
 from ..model import Model
+from ..observe.logs import REPEATS_AS
 from .batching import is_batching
 
 __all__ = ["Slots", "call_in_thread", "is_plain", "model_error", "runs_alone", "set_model_threads"]
@@ -82,7 +83,9 @@ def model_error(model: Model, exc: Exception) -> OipError:
     Where the model is called: `except Exception as exc: raise model_error(model, exc)`."""
     if isinstance(exc, OipError):
         return exc
-    log.error("model '%s' version %s failed", model.name, model.version, exc_info=exc)
+    # The same failure again within the minute is counted rather than written (`observe.logs.Repeats`).
+    log.error("model '%s' version %s failed", model.name, model.version, exc_info=exc,
+              extra={REPEATS_AS: f"{model.name}\0{model.version}\0{type(exc).__qualname__}\0{str(exc)[:200]}"})
     error = ModelFailure(str(exc) or type(exc).__name__)
     error.__cause__ = exc
     return error

@@ -7,10 +7,10 @@ them. So the text format writes every control character and line separator of a 
 it in a string (a backslash, then `n`, `x1b` or `u2028`), and the JSON format escapes the line separators JSON
 leaves as they are. An exception's traceback keeps its lines.
 
-Libraries' warnings that say the same thing over and over are kept to a line a minute (`Repeats`): OpenTelemetry's
-exporter writes three or four lines for each batch of spans it fails to send (a collector that is down), about
-thirty a minute under load, for as long as it stays down; uvicorn writes one for each malformed HTTP request, as
-many as a client cares to send.
+Warnings that say the same thing over and over are kept to a line a minute (`Repeats`): OpenTelemetry's exporter
+writes three or four lines for each batch of spans it fails to send (a collector that is down), about thirty a
+minute under load, for as long as it stays down; uvicorn writes one for each malformed HTTP request, and a model
+that fails a traceback for each request it fails, as many as clients send (`REPEATS_AS`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,14 @@ from typing import Any, Final
 
 from . import events, tracing
 
-__all__ = ["REPEATING", "JsonFormatter", "Repeats", "TextFormatter", "configure_logging", "one_line"]
+__all__ = ["REPEATING", "REPEATS_AS", "JsonFormatter", "Repeats", "TextFormatter", "configure_logging",
+           "one_line"]
 
-# The loggers (and those below them) whose warnings and errors `Repeats` thins out.
+# The loggers (and those below them) whose warnings and errors `Repeats` thins out, each message (before its
+# arguments) on its own.
 REPEATING: Final = ("opentelemetry", "uvicorn")
+# A record's `extra` entry that has `Repeats` thin it out too, with those whose entry is the same.
+REPEATS_AS: Final = "repeats_as"
 _MOST_MESSAGES: Final = 1000  # messages `Repeats` remembers at once
 
 # Control characters (C0 but the tab, DEL, C1) and Unicode's line and paragraph separators.
@@ -65,9 +69,9 @@ class TextFormatter(logging.Formatter):
 
 class Repeats(logging.Filter):
     """Of the warnings and errors of the loggers named in `loggers` (and below them), one of each message (logger,
-    level and message before its arguments) every `seconds`: the first passes, those that follow within `seconds`
-    are counted, and the next one to pass says how many were left out since the last one written. Other records
-    all pass. `clock`: seconds, monotonic."""
+    level and message before its arguments) every `seconds`, and likewise of the records whose `REPEATS_AS` entry
+    is the same: the first passes, those that follow within `seconds` are counted, and the next one to pass says how
+    many were left out since the last one written. Other records all pass. `clock`: seconds, monotonic."""
 
     def __init__(self, loggers: tuple[str, ...] = REPEATING, seconds: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -82,9 +86,14 @@ class Repeats(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
-        if record.levelno < logging.WARNING or (name not in self.loggers and not name.startswith(self.prefixes)):
+        if record.levelno < logging.WARNING:
             return True
-        key, now = (name, record.levelno, str(record.msg)), self.clock()
+        same = getattr(record, REPEATS_AS, None)
+        if same is None:
+            if name not in self.loggers and not name.startswith(self.prefixes):
+                return True
+            same = str(record.msg)
+        key, now = (name, record.levelno, str(same)), self.clock()
         with self.lock:
             last = self.last.get(key)
             if last is not None and now - last < self.seconds:
