@@ -177,7 +177,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="largest REST body and gRPC message, each way (default: %(default)s)")
     p.add_argument("--max-tensor-elements", type=_positive, default=defaults.max_tensor_elements, metavar="N",
                    help="most elements per tensor, checked before anything is allocated (default: %(default)s)")
-    p.add_argument("--graceful-shutdown-seconds", type=float, default=defaults.graceful_shutdown_seconds,
+    p.add_argument("--graceful-shutdown-seconds", type=_seconds, default=defaults.graceful_shutdown_seconds,
                    metavar="S", help="how long requests in flight may finish after SIGTERM (default: %(default)s)")
     p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
                    help="REST: close a connection (408) whose request line and headers take longer "

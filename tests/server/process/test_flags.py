@@ -1,0 +1,32 @@
+"""`python -m oip serve`'s flags refuse values the server cannot honour, at parse time: one line naming the flag
+and the value, exit 2, before anything loads (`oip.server.process.main.build_parser`)."""
+
+from __future__ import annotations
+
+import pytest
+from oip.server.process.main import build_parser, settings_from_args
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--graceful-shutdown-seconds", "-1", "must be a number of seconds >= 0, got -1"),
+    ("--graceful-shutdown-seconds", "nan", "must be a number of seconds >= 0, got nan"),
+    ("--graceful-shutdown-seconds", "inf", "must be a number of seconds >= 0, got inf"),
+    ("--graceful-shutdown-seconds", "soon", "not a number: 'soon'"),
+    ("--grpc-threads", "0", "must be positive, got 0"),
+    ("--http-port", "70000", "port 70000 is out of range 0-65535"),
+    ("--http-header-timeout", "0", "must be a positive number of seconds, got 0"),
+    ("--metrics-buckets", "x", "not a list of numbers: 'x'"),
+])
+def test_a_value_the_server_cannot_honour_is_refused(flag: str, value: str, words: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--model-repository", ".", flag, value])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {flag}: {words}" in error, error
+
+
+@pytest.mark.parametrize("value", ["0", "2.5", "30"])
+def test_a_graceful_shutdown_of_zero_or_more_seconds_is_taken(value: str) -> None:
+    args = build_parser().parse_args(["--model-repository", ".", "--graceful-shutdown-seconds", value])
+    assert settings_from_args(args).graceful_shutdown_seconds == float(value)
