@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc import _observability
 from oip import codec
 from oip.grpc import grpc_service_pb2 as pb
 from oip.grpc import grpc_service_pb2_grpc as pb_grpc
@@ -74,6 +75,17 @@ EXPECTED = [a + b for a, b in zip(SIMPLE_A, SIMPLE_B, strict=True)]
 
 def test_grpcio_has_the_shape_the_server_relies_on() -> None:
     assert arrival.SUPPORTED  # otherwise every call takes grpcio's own way, and the tests below fail
+
+
+def test_calls_are_handed_to_grpcs_observability_plugin_only_when_one_is_registered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`answer` skips grpcio's look for an observability plugin (a generator context manager and a lock per call)
+    while none is registered, asks as grpcio does when one is, and when grpcio keeps it elsewhere."""
+    assert _observability._OBSERVABILITY_PLUGIN is None and not arrival._traced()
+    monkeypatch.setattr(_observability, "_OBSERVABILITY_PLUGIN", object())
+    assert arrival._traced()
+    monkeypatch.delattr(_observability, "_OBSERVABILITY_PLUGIN")
+    assert arrival._traced()
 
 
 def test_calls_whose_request_has_not_arrived_hold_no_thread(server: Server) -> None:
