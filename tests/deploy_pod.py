@@ -114,6 +114,11 @@ def main() -> int:
             time.sleep(0.02)
         sigterm_at = time.monotonic()
         process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # within the shutdown delay: not ready, still serving, new connections too
+        report["probes_while_stopping"] = {kind: probe(get) for kind, get in plan["probes"].items()}
+        result = httpx.post(f"http://127.0.0.1:{HTTP}/v2/models/simple/infer", timeout=5, json={"inputs": [
+            {"name": f"INPUT{i}", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))} for i in (0, 1)]})
+        report["infer_while_stopping"] = result.status_code
         report["exit_code"] = process.wait(timeout=plan["grace_seconds"])
         report["exit_after_sigterm_s"] = time.monotonic() - sigterm_at
         thread.join(timeout=30)

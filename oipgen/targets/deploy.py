@@ -49,6 +49,9 @@ class DeploySettings:
     max_replicas: int
     scale_target: int  # % CPU utilization the autoscaler aims at
     termination_grace_seconds: int  # the pod's grace period after SIGTERM; the server drains within it
+    # After SIGTERM, the seconds the server goes on serving while not ready, as the pod leaves the Service's
+    # endpoints: connections that still come meanwhile are answered rather than refused.
+    shutdown_delay_seconds: int
     workers: int  # server processes in one container (`serve --workers N`), for a pod with N cores
     ray_replicas: int  # Ray Serve replicas of the application's deployment
     ray_num_cpus: float  # CPUs each Ray replica reserves
@@ -60,9 +63,14 @@ class DeploySettings:
     model_requirements_from: str = MODEL_REQUIREMENTS_KEY
 
     @property
-    def drain_seconds(self) -> int:
-        """How long requests in flight may finish after SIGTERM: the grace period less the time to stop."""
+    def stop_seconds(self) -> int:
+        """How long the server may take from SIGTERM: the grace period less the time to stop."""
         return max(1, self.termination_grace_seconds - 5)
+
+    @property
+    def drain_seconds(self) -> int:
+        """How long requests in flight may finish after the shutdown delay."""
+        return max(1, self.stop_seconds - self.shutdown_delay_seconds)
 
 
 def defaults(package: str) -> dict[str, Any]:
@@ -82,6 +90,7 @@ def defaults(package: str) -> dict[str, Any]:
         "max_replicas": 4,
         "scale_target": 80,
         "termination_grace_seconds": 30,
+        "shutdown_delay_seconds": 5,
         "workers": 1,
         "ray_replicas": 2,
         "ray_num_cpus": 1.0,
@@ -119,6 +128,11 @@ def parse_settings(raw: Mapping[str, Any], package: str, root: Path = Path("."))
                 "workers"):
         if values[key] < (0 if key == "min_replicas" else 1):
             problems.append(f"{key} must be positive, got {values[key]}")
+    if values["shutdown_delay_seconds"] < 0:
+        problems.append(f"shutdown_delay_seconds must be 0 or more, got {values['shutdown_delay_seconds']}")
+    elif values["termination_grace_seconds"] < values["shutdown_delay_seconds"] + 6:
+        problems.append(f"termination_grace_seconds ({values['termination_grace_seconds']}) must leave the drain a "
+                        f"second after shutdown_delay_seconds ({values['shutdown_delay_seconds']}) and 5 s to stop")
     if values["uid"] == 0:
         problems.append("uid must not be 0: the image runs as a non-root user")
     if values["min_replicas"] > values["max_replicas"]:
@@ -200,14 +214,16 @@ def _model_requirements(value: list[Any] | str, root: Path, problems: list[str])
 
 def serve_command(package: str, settings: DeploySettings) -> list[str]:
     """The server's command line in a container: the repository KServe mounts, every address, KServe's ports,
-    a drain that ends within the pod's grace period, and the worker processes asked for."""
+    a shutdown delay and a drain that end within the pod's grace period, and the worker processes asked for."""
     workers = [f"--workers={settings.workers}"] if settings.workers > 1 else []
+    delay = [f"--shutdown-delay-seconds={settings.shutdown_delay_seconds}"] if settings.shutdown_delay_seconds else []
     return [
         "python", "-m", package, "serve",
         f"--model-repository={MODEL_DIR}",
         "--host=0.0.0.0",
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
+        *delay,
         f"--graceful-shutdown-seconds={settings.drain_seconds}",
         *workers,
     ]

@@ -49,7 +49,8 @@ SETTINGS: DeploySettings = parse_settings({}, "oip")
 HTTP_PORT, GRPC_PORT = 8080, 8081
 RAY_HTTP_PORT, RAY_GRPC_PORT = 8000, 9000
 COMMAND = ["python", "-m", "oip", "serve", "--model-repository=/mnt/models", "--host=0.0.0.0",
-           f"--http-port={HTTP_PORT}", f"--grpc-port={GRPC_PORT}", "--graceful-shutdown-seconds=25"]
+           f"--http-port={HTTP_PORT}", f"--grpc-port={GRPC_PORT}", "--shutdown-delay-seconds=5",
+           "--graceful-shutdown-seconds=20"]
 
 
 def _yaml(name: str) -> dict[str, Any]:
@@ -115,7 +116,8 @@ def test_settings_come_from_the_deploy_table_of_pyproject(tmp_path: Path) -> Non
     assert runtime["metadata"]["name"] == "acme-oip-runtime"
     assert runtime["spec"]["containers"][0]["image"] == "registry.example/acme/server:1.2"
     assert runtime["spec"]["containers"][0]["command"] == ["python", "-m", "acme_oip", "serve"]
-    assert runtime["spec"]["containers"][0]["args"][-2:] == ["--graceful-shutdown-seconds=55", "--workers=2"]
+    assert runtime["spec"]["containers"][0]["args"][-3:] == ["--shutdown-delay-seconds=5",
+                                                             "--graceful-shutdown-seconds=50", "--workers=2"]
     assert runtime["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
     [cmd] = [line for line in (deploy / "Containerfile").read_text().splitlines() if line.startswith("CMD ")]
     assert json.loads(cmd[4:])[-1] == "--workers=2"
@@ -140,6 +142,9 @@ def test_settings_come_from_the_deploy_table_of_pyproject(tmp_path: Path) -> Non
     ('runtime = "My_Runtime"', "is not a Kubernetes name"),
     ("uid = 0", "non-root"),
     ("min_replicas = 5\nmax_replicas = 2", "min_replicas is larger than max_replicas"),
+    ("shutdown_delay_seconds = -1", "shutdown_delay_seconds must be 0 or more, got -1"),
+    ("termination_grace_seconds = 10\nshutdown_delay_seconds = 5",
+     "termination_grace_seconds (10) must leave the drain a second after shutdown_delay_seconds (5)"),
 ])
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path: Path, table: str, message: str) -> None:
     (tmp_path / "pyproject.toml").write_text(
@@ -482,9 +487,11 @@ def test_the_inference_service_uses_the_runtime_through_predictor_model() -> Non
     assert predictor["model"]["protocolVersion"] == "v2"
     assert predictor["model"]["storageUri"] == defaults("oip")["storage_uri"]
     assert "storageUri" in (DEPLOY / "kserve" / "inference-service.yaml").read_text().split("apiVersion")[0]
-    # The drain the server is told about ends inside the grace period the pod gets.
-    drain = next(a for a in runtime["spec"]["containers"][0]["args"] if a.startswith("--graceful-shutdown-seconds="))
-    assert float(drain.split("=")[1]) < predictor["terminationGracePeriodSeconds"]
+    # The shutdown delay and the drain the server is told about end inside the grace period the pod gets.
+    args = runtime["spec"]["containers"][0]["args"]
+    delay, drain = (float(next(a for a in args if a.startswith(f"--{flag}=")).split("=")[1])
+                    for flag in ("shutdown-delay-seconds", "graceful-shutdown-seconds"))
+    assert delay > 0 and delay + drain < predictor["terminationGracePeriodSeconds"]
 
 
 # --- the pod ---------------------------------------------------------------------------------------------------
@@ -568,6 +575,15 @@ def test_sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period(
     grace = _yaml("kserve/inference-service.yaml")["spec"]["predictor"]["terminationGracePeriodSeconds"]
     assert 1.5 < pod["exit_after_sigterm_s"] < grace  # it waited for the 2 s request, and no longer than allowed
     assert pod["left_behind"] == []
+
+
+def test_after_sigterm_the_pod_leaves_the_endpoints_while_it_still_answers(pod: dict[str, Any]) -> None:
+    """Kubernetes takes the pod out of the Service's endpoints as it sends SIGTERM, and connections already on
+    their way still come for a moment: during the shutdown delay the readiness probe fails, the liveness probe
+    passes, and a new request is answered; then the server drains and exits."""
+    assert pod["probes_while_stopping"] == {"startupProbe": 200, "readinessProbe": 503, "livenessProbe": 200}
+    assert pod["infer_while_stopping"] == 200
+    assert pod["exit_after_sigterm_s"] >= SETTINGS.shutdown_delay_seconds
 
 
 # --- the Ray replica's model control, in process (Ray's decorators stood in; test_ray.py runs it on a cluster) ---

@@ -49,6 +49,9 @@ class Settings:
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
     )
     graceful_shutdown_seconds: float = 30.0
+    # After SIGTERM, how long to go on serving while health says not ready, before the drain: the time a load
+    # balancer (Kubernetes' endpoints) takes to stop sending new requests, which would otherwise be refused.
+    shutdown_delay_seconds: float = 0.0
     # gRPC inference calls served at once, each on a thread of its own; as many streams open at once (a stream holds
     # its thread for its whole life), and as many other calls: each kind has threads of its own, so that none waits
     # behind another (a health check behind calls to a slow model, or behind idle streams).

@@ -12,6 +12,7 @@ from oip.server.process.main import build_parser, settings_from_args
     ("--graceful-shutdown-seconds", "nan", "must be a number of seconds >= 0, got nan"),
     ("--graceful-shutdown-seconds", "inf", "must be a number of seconds >= 0, got inf"),
     ("--graceful-shutdown-seconds", "soon", "not a number: 'soon'"),
+    ("--shutdown-delay-seconds", "-5", "must be a number of seconds >= 0, got -5"),
     ("--grpc-threads", "0", "must be positive, got 0"),
     ("--http-port", "70000", "port 70000 is out of range 0-65535"),
     ("--http-header-timeout", "0", "must be a positive number of seconds, got 0"),

@@ -7,7 +7,8 @@ transports, each given what it needs) and its life (`serve`).
 
 `serve` loads the models the model control mode loads at start (`core.model_control`; with `exit_on_error`, one
 that fails stops it), listens on both ports and serves until SIGTERM or SIGINT, polling the repository in poll
-mode; then it stops accepting connections, lets the requests in flight finish (up to
+mode; then, for `Settings.shutdown_delay_seconds`, it goes on serving while its readiness says not ready (so that
+load balancers stop sending); then it stops accepting connections, lets the requests in flight finish (up to
 `Settings.graceful_shutdown_seconds`), unloads the models and returns. A second signal exits at once with status
 128 + the signal's number. One worker of several (`--workers`, `supervisor`) shares the ports and its control
 plane with the others (`cluster`); worker 0 polls, for every worker.
@@ -273,6 +274,11 @@ async def serve(
         waiters[0].cancel()
         if not stop.is_set():
             raise RuntimeError("the REST server stopped unexpectedly")
+        if settings.shutdown_delay_seconds > 0:
+            assembly.dataplane.stopping = True
+            log.info("not ready for %g s (--shutdown-delay-seconds), serving meanwhile; then draining",
+                     settings.shutdown_delay_seconds)
+            await asyncio.sleep(settings.shutdown_delay_seconds)
     finally:
         # Everything below (draining, the last trace export, unloading) fits in the graceful shutdown's time.
         deadline = time.monotonic() + settings.graceful_shutdown_seconds

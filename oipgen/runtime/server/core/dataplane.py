@@ -81,6 +81,7 @@ class DataPlane(DataPlaneBase):
         self.enabled: Final[tuple[str, ...]] = tuple(self._enabled(self.settings.extensions))
         self.disable_extensions(self.enabled, reasons={CUDA_SHARED_MEMORY: _NO_CUDA})
         self.live = True  # the serving layer may turn it off while it shuts down
+        self.stopping = False  # set at SIGTERM for `Settings.shutdown_delay_seconds`: serving, but not ready
         if observing is None:  # what the settings ask for, without tracing (the composition root configures it)
             observing = Observing.of(self.settings, repository.inflight)
         self.statistics = observing.statistics
@@ -118,9 +119,10 @@ class DataPlane(DataPlaneBase):
         return pb.ServerLiveResponse(live=self.live)
 
     async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        """Live, and (`Settings.strict_readiness`, as Triton's) every model asked to load is ready."""
+        """Live, not stopping, and (`Settings.strict_readiness`, as Triton's) every model asked to load is ready."""
         strict = self.settings.strict_readiness
-        return pb.ServerReadyResponse(ready=self.live and (not strict or self.repository.ready()))
+        ready = self.live and not self.stopping and (not strict or self.repository.ready())
+        return pb.ServerReadyResponse(ready=ready)
 
     async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         """Whether the model (version) is ready; NotReady naming the model and the reason when its load failed."""

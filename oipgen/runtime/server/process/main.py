@@ -175,6 +175,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="most elements per tensor, checked before anything is allocated (default: %(default)s)")
     p.add_argument("--graceful-shutdown-seconds", type=_seconds, default=defaults.graceful_shutdown_seconds,
                    metavar="S", help="how long requests in flight may finish after SIGTERM (default: %(default)s)")
+    p.add_argument("--shutdown-delay-seconds", type=_seconds, default=defaults.shutdown_delay_seconds, metavar="S",
+                   help="after SIGTERM, go on serving for S seconds while health answers not ready (so that load "
+                        "balancers stop sending), then drain (default: %(default)s)")
     p.add_argument("--http-header-timeout", type=_positive_float, default=defaults.http_header_timeout, metavar="S",
                    help="REST: close a connection (408) whose request line and headers take longer "
                         "(default: %(default)s)")
@@ -254,6 +257,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_port=args.metrics_port,
         metrics_buckets=args.metrics_buckets,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
+        shutdown_delay_seconds=args.shutdown_delay_seconds,
         http_header_timeout=args.http_header_timeout,
         http_max_header_bytes=args.http_max_header_bytes,
         http_body_timeout=args.http_body_timeout,

@@ -238,7 +238,8 @@ class _Supervisor:
             if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(OSError):
                     os.kill(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + float(self.args.graceful_shutdown_seconds) + 15.0
+        deadline = (time.monotonic() + float(self.args.shutdown_delay_seconds)
+                    + float(self.args.graceful_shutdown_seconds) + 15.0)
         clean = True
         for index, process in self.workers.items():
             process.join(max(0.0, deadline - time.monotonic()))
