@@ -16,6 +16,29 @@ from .. import GENERATOR_VERSION
 
 GRPC_THREAD_SCHEDULING: Final = ("batch", "normal")  # `Settings.grpc_thread_scheduling`
 
+# How the gRPC port manages its connections, by Triton's flag for it: the grpc argument each sets, the least value
+# it takes (a boolean flag takes true or false), and what it does. Unset, grpc's own default holds (the same as
+# Triton's). `Settings.grpc_options` holds those given.
+GRPC_CONNECTION: Final = (
+    ("grpc-keepalive-time", "grpc.keepalive_time_ms", 1,
+     "milliseconds between the keepalive pings the server sends on a connection (grpc: 2 hours)"),
+    ("grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 1,
+     "milliseconds the server waits for a keepalive ping's answer before it closes the connection (grpc: 20 s)"),
+    ("grpc-keepalive-permit-without-calls", "grpc.keepalive_permit_without_calls", None,
+     "true: keepalive pings go on, and clients' pings are taken, on a connection without calls (grpc: false)"),
+    ("grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 0,
+     "pings the server sends while it sends no data; 0: no limit (grpc: 2)"),
+    ("grpc-http2-min-recv-ping-interval-without-data", "grpc.http2.min_ping_interval_without_data_ms", 0,
+     "milliseconds a client's pings must be apart while no data flows; a closer one is a strike (grpc: 5 minutes)"),
+    ("grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 0,
+     "strikes before the server closes the connection (GOAWAY, too_many_pings); 0: no limit (grpc: 2)"),
+    ("grpc-max-connection-age", "grpc.max_connection_age_ms", 1,
+     "milliseconds after which the server asks a client to reconnect (GOAWAY), so that clients spread over new "
+     "replicas (grpc: never)"),
+    ("grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", 0,
+     "milliseconds a connection past its age has for its calls in flight (grpc: for ever)"),
+)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -64,6 +87,8 @@ class Settings:
     # "batch" (SCHED_BATCH: a woken thread does not preempt the running one, which in this process mostly holds the
     # interpreter it would wait for) or "normal" (the system's default).
     grpc_thread_scheduling: str = "batch"
+    # The gRPC port's connection management (`GRPC_CONNECTION`): (grpc argument, integer value), as the flags give them.
+    grpc_options: tuple[tuple[str, int], ...] = ()
     # Share the ports with other processes (SO_REUSEPORT): set for each worker of `serve --workers N`.
     reuse_port: bool = False
     # REST connections: the request line and headers must arrive within this many seconds (408 and closed

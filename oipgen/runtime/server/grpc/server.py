@@ -342,6 +342,7 @@ def create_server(
         for rpc in servicer.rpcs if rpc.fast
     }
     options = [
+        *settings.grpc_options,  # keepalive and connection age (`settings.GRPC_CONNECTION`), as the flags give them
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 1 if settings.reuse_port else 0),

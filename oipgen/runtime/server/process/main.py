@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -32,7 +32,7 @@ from ..core import model_control
 from ..core.dataplane import DataPlane
 from ..errors import clip
 from ..observe.logs import configure_logging
-from ..settings import GRPC_THREAD_SCHEDULING, Settings
+from ..settings import GRPC_CONNECTION, GRPC_THREAD_SCHEDULING, Settings
 from .allocator import MMAP_THRESHOLD, tune_allocator
 from .cluster import WorkerRole
 from .grpc_io import GRPC_EXPERIMENTS, MEASURED, grpcio_version, measured
@@ -69,6 +69,19 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < least or value >= 2**31:  # grpc's arguments are C ints
+            raise argparse.ArgumentTypeError(f"must be from {least} to {2**31 - 1}, got {value}")
+        return value
+
+    return parse
 
 
 def _buckets(text: str) -> tuple[float, ...]:
@@ -160,6 +173,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="the gRPC threads' scheduling policy on Linux (and the gRPC batch timer's): 'batch' "
                         "(SCHED_BATCH: a woken thread waits for the running one rather than preempting it) or "
                         "'normal' (default: %(default)s)")
+    for flag, _, least, help_text in GRPC_CONNECTION:
+        if least is None:
+            p.add_argument(f"--{flag}", type=_boolean, metavar="BOOL", help=help_text)
+        else:
+            p.add_argument(f"--{flag}", type=_at_least(least), metavar="N", help=help_text)
     p.add_argument("--workers", type=_workers, default="1", metavar="N",
                    help="server processes sharing the ports (SO_REUSEPORT) under one supervisor; 'auto': one per "
                         "available core (default: %(default)s)")
@@ -258,6 +276,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_buckets=args.metrics_buckets,
         graceful_shutdown_seconds=args.graceful_shutdown_seconds,
         shutdown_delay_seconds=args.shutdown_delay_seconds,
+        grpc_options=tuple((option, int(value)) for flag, option, _, _ in GRPC_CONNECTION
+                           if (value := getattr(args, flag.replace("-", "_"))) is not None),
         http_header_timeout=args.http_header_timeout,
         http_max_header_bytes=args.http_max_header_bytes,
         http_body_timeout=args.http_body_timeout,
